@@ -1,0 +1,86 @@
+%%% @doc The modern kem API: results as `{ok, Binary}', failures as
+%%% `{error, {Reason, Detail}}', never an exception.
+%%%
+%%% Every call goes through `call/3', the one place that picks a port
+%%% (round robin over `kem_sup:port_names/0') and applies the timeout.
+-module(kem).
+
+-export([execute/3, adapter_info/0, stats/0, config/0, ping/0, call/3]).
+
+-type kernel_id() :: binary().
+-type opts() :: #{output_size_hint => pos_integer(),
+                  output_size => non_neg_integer(),
+                  params => binary(),
+                  workgroups => {pos_integer(), pos_integer(), pos_integer()},
+                  entry_point => binary() | atom(),
+                  timeout => timeout()}.
+-export_type([kernel_id/0, opts/0]).
+
+%% @doc Run kernel KernelId on Input. Output size is `output_size', else
+%% `byte_size(Input) * output_size_hint' (hint default 1).
+-spec execute(kernel_id(), binary(), opts()) -> {ok, binary()} | {error, kem_port:reason()}.
+execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
+    {Timeout, PortOpts} = take_timeout(Opts),
+    call(execute, {KernelId, Input, PortOpts}, Timeout);
+execute(_KernelId, _Input, _Opts) ->
+    {error, {bad_args, <<"execute(KernelId :: binary(), Input :: binary(), Opts :: map())">>}}.
+
+%% @doc The adapter in use and the limits kem enforces, as a JSON binary.
+-spec adapter_info() -> {ok, binary()} | {error, kem_port:reason()}.
+adapter_info() ->
+    call(adapter_info, {}, default_timeout()).
+
+%% @doc Counters of every port, one map per port name.
+-spec stats() -> {ok, #{atom() => map()}} | {error, kem_port:reason()}.
+stats() ->
+    each_port(stats).
+
+%% @doc The settings each port runs with (kernel dirs, gateways, tier...).
+-spec config() -> {ok, map()} | {error, kem_port:reason()}.
+config() ->
+    call(config, {}, default_timeout()).
+
+-spec ping() -> {ok, pong} | {error, kem_port:reason()}.
+ping() ->
+    call(ping, {}, default_timeout()).
+
+%% @doc Send Method/Args to the next port in turn.
+-spec call(atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
+call(Method, Args, Timeout) ->
+    case next_port() of
+        {ok, Port} -> kem_port:call(Port, Method, Args, Timeout);
+        Error -> Error
+    end.
+
+%%% internals
+
+take_timeout(Opts) ->
+    case maps:take(timeout, Opts) of
+        {T, Rest} -> {T, Rest};
+        error -> {default_timeout(), Opts}
+    end.
+
+default_timeout() ->
+    application:get_env(kem, timeout, 30000).
+
+next_port() ->
+    case persistent_term:get({kem, ports}, undefined) of
+        undefined ->
+            {error, {not_started, <<"application kem is not running">>}};
+        {Names, Counter} ->
+            N = atomics:add_get(Counter, 1, 1),
+            {ok, element(1 + (N rem tuple_size(Names)), Names)}
+    end.
+
+each_port(Method) ->
+    case persistent_term:get({kem, ports}, undefined) of
+        undefined ->
+            {error, {not_started, <<"application kem is not running">>}};
+        {Names, _} ->
+            Results = [{Name, kem_port:call(Name, Method, {}, default_timeout())}
+                       || Name <- tuple_to_list(Names)],
+            case [E || {_, {error, _} = E} <- Results] of
+                [] -> {ok, maps:from_list([{Name, V} || {Name, {ok, V}} <- Results])};
+                [Error | _] -> Error
+            end
+    end.

@@ -1,0 +1,299 @@
+%%% @doc Owner of one Python `kem_port' process.
+%%%
+%%% A thin gen_server: it frames each request as
+%%% `{call, ReqId, Method, Args}', remembers `ReqId => caller' and answers
+%%% the caller when `{reply, ReqId, Result}' comes back, so any number of
+%%% processes call concurrently through one port and replies may arrive out
+%%% of order. docs/protocol.md is the wire contract.
+%%%
+%%% Failure handling, in one place:
+%%% - the port exits: every waiting caller gets `{error, {port_exited, S}}'
+%%%   at once and the server stops, so the supervisor starts a new port;
+%%% - a call outlives its timeout: the caller gets `{error, {timeout, _}}';
+%%%   with `kill_on_timeout' (default) the port is killed too, since a
+%%%   kernel still running would stall every later call on it;
+%%% - the node dies: the port's stdin closes and Python exits on EOF.
+-module(kem_port).
+-behaviour(gen_server).
+
+-export([start_link/2, call/4, os_pid/1, python_executable/0]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
+
+-define(MARGIN_MS, 2000).
+
+-type reason() :: {atom(), term()}.
+-export_type([reason/0]).
+
+-spec start_link(atom(), pos_integer()) -> {ok, pid()} | {error, term()}.
+start_link(Name, Index) ->
+    gen_server:start_link({local, Name}, ?MODULE, {Name, Index}, []).
+
+%% @doc Send one request and wait for its reply, at most Timeout ms.
+-spec call(atom() | pid(), atom(), tuple(), timeout()) ->
+    {ok, term()} | {error, reason()}.
+call(Server, Method, Args, Timeout) when is_atom(Method), is_tuple(Args) ->
+    %% The server answers at Timeout; the extra margin only guards against a
+    %% server that is itself stuck (e.g. suspended on a busy port).
+    Backstop = case Timeout of infinity -> infinity; _ -> Timeout + ?MARGIN_MS end,
+    try
+        gen_server:call(Server, {call, Method, Args, Timeout}, Backstop)
+    catch
+        exit:{timeout, _} ->
+            {error, {timeout, <<"the port owner did not answer in time">>}};
+        exit:{noproc, _} ->
+            {error, {port_unavailable, <<"the port is restarting">>}};
+        exit:{{shutdown, {port_exited, Status}}, _} ->
+            {error, {port_exited, Status}};
+        exit:{{shutdown, call_timeout}, _} ->
+            {error, {port_restarted, <<"another call on this port timed out">>}};
+        exit:{Reason, _} ->
+            %% Never format Reason: it can hold a caller's request, input
+            %% binary and all, and 100 callers printing 4 MB each stall.
+            {error, {port_unavailable, exit_summary(Reason)}}
+    end.
+
+exit_summary(Reason) when is_atom(Reason) ->
+    <<"the port owner exited: ", (atom_to_binary(Reason, utf8))/binary>>;
+exit_summary({Tag, _}) when is_atom(Tag) ->
+    <<"the port owner exited: ", (atom_to_binary(Tag, utf8))/binary>>;
+exit_summary(_) ->
+    <<"the port owner exited">>.
+
+%% @doc The OS pid of the Python process behind a port owner.
+-spec os_pid(atom() | pid()) -> integer().
+os_pid(Server) ->
+    gen_server:call(Server, os_pid).
+
+%%% gen_server
+
+init({Name, Index}) ->
+    process_flag(trap_exit, true),
+    Python = python_executable(),
+    case open(Python, Index) of
+        {ok, Port} ->
+            State = #{name => Name, port => Port, next => 1, pending => #{},
+                      os_pid => os_pid_of(Port)},
+            handshake(State);
+        {error, Reason} ->
+            {stop, Reason}
+    end.
+
+handle_call({call, Method, Args, Timeout}, From, State) ->
+    #{port := Port, next := Id, pending := Pending} = State,
+    try port_command(Port, term_to_binary({call, Id, Method, Args})) of
+        true ->
+            TRef = case Timeout of
+                infinity -> undefined;
+                _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
+            end,
+            {noreply, State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method}}}}
+    catch
+        error:badarg ->
+            %% The port closed under us (killed); its exit_status may still
+            %% be in the mailbox. Stop now: terminate answers every caller.
+            stop_port_exited(closed, {error, {port_exited, closed}}, State)
+    end;
+handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
+    {reply, OsPid, State}.
+
+handle_cast(_Msg, State) ->
+    {noreply, State}.
+
+handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
+    case decode(Frame) of
+        {bad_frame, _} ->
+            %% Our own port wrote something that is not a term: the stream is
+            %% out of sync and no later reply can be trusted.
+            stop_port_exited(corrupt_frame, State);
+        Reply ->
+            {noreply, handle_reply(Reply, State)}
+    end;
+handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
+    case maps:take(Id, Pending) of
+        {{From, _TRef, Method}, Rest} ->
+            Detail = iolist_to_binary(io_lib:format("~p did not finish in time", [Method])),
+            gen_server:reply(From, {error, {timeout, Detail}}),
+            maybe_kill(State#{pending := Rest}, Id);
+        error ->
+            {noreply, State}
+    end;
+handle_info({Port, {exit_status, Status}}, State = #{port := Port}) ->
+    stop_port_exited(Status, State);
+handle_info({'EXIT', Port, Reason}, State = #{port := Port}) ->
+    stop_port_exited(Reason, State);
+handle_info(_Other, State) ->
+    {noreply, State}.
+
+%% Crash reports and sys:get_status must never print a payload: a request
+%% can carry hundreds of MB, and formatting it stalls the dying process while
+%% it still holds the registered name.
+format_status(Status) ->
+    maps:map(fun(state, S) when is_map(S) -> S#{pending := maps:size(maps:get(pending, S, #{}))};
+                (message, {call, Method, _Args, Timeout}) -> {call, Method, '...', Timeout};
+                (message, {Port, {data, Frame}}) when is_binary(Frame) -> {Port, {data, byte_size(Frame)}};
+                (_, Value) -> Value
+             end, Status).
+
+%% A port exit is expected (kill, crash, restart on timeout): a {shutdown, _}
+%% reason keeps OTP from writing a crash report; one warning line says why.
+stop_port_exited(Status, State) ->
+    logger:warning("kem_port ~p: port exited (~0p); restarting", [maps:get(name, State), Status]),
+    {stop, {shutdown, {port_exited, Status}}, State#{port := undefined}}.
+
+stop_port_exited(Status, Reply, State) ->
+    {stop, Stop, NewState} = stop_port_exited(Status, State),
+    {stop, Stop, Reply, NewState}.
+
+terminate(Reason, State = #{pending := Pending}) ->
+    Error = exit_error(Reason),
+    [gen_server:reply(From, {error, Error}) || {From, _, _} <- maps:values(Pending)],
+    close(State),
+    ok.
+
+%%% internals
+
+handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
+    case maps:take(Id, Pending) of
+        {{From, TRef, _Method}, Rest} ->
+            cancel(TRef),
+            gen_server:reply(From, Result),
+            State#{pending := Rest};
+        error ->
+            %% A reply after its caller timed out, or to ReqId `undefined'
+            %% (a frame the port could not read): nobody is waiting for it.
+            State
+    end;
+handle_reply(Other, State) ->
+    logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
+    State.
+
+%% Not `[safe]': the peer is our own port, whose replies carry a fixed set
+%% of atoms (stats keys, error reasons) that this node may not know yet.
+decode(Frame) ->
+    try binary_to_term(Frame)
+    catch error:badarg -> {bad_frame, Frame}
+    end.
+
+maybe_kill(State, Id) ->
+    case application:get_env(kem, kill_on_timeout, true) of
+        true ->
+            logger:warning("kem_port ~p: call ~p timed out; restarting the port",
+                           [maps:get(name, State), Id]),
+            {stop, {shutdown, call_timeout}, State};
+        false ->
+            {noreply, State}
+    end.
+
+exit_error({shutdown, {port_exited, Status}}) -> {port_exited, Status};
+exit_error({shutdown, call_timeout}) ->
+    {port_restarted, <<"another call on this port timed out; the port was restarted">>};
+exit_error(Reason) -> {port_exited, Reason}.
+
+cancel(undefined) -> ok;
+cancel(TRef) -> erlang:cancel_timer(TRef, [{async, true}, {info, false}]).
+
+close(#{port := undefined}) ->
+    ok;
+close(#{port := Port, os_pid := OsPid}) ->
+    %% Closing stdin makes Python exit at once (its reader thread sees EOF
+    %% even if the GPU thread is stuck in a kernel); the kill covers a
+    %% process that does not.
+    catch port_close(Port),
+    kill_later(OsPid),
+    ok.
+
+kill_later(undefined) -> ok;
+kill_later(OsPid) ->
+    spawn(fun() ->
+        timer:sleep(2000),
+        os:cmd("kill -9 " ++ integer_to_list(OsPid) ++ " 2>/dev/null")
+    end).
+
+os_pid_of(Port) ->
+    case erlang:port_info(Port, os_pid) of
+        {os_pid, P} -> P;
+        _ -> undefined
+    end.
+
+open(Python, Index) ->
+    Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
+            {args, ["-m", "kem_port"]}, {env, port_env(Index)}],
+    try
+        {ok, open_port({spawn_executable, Python}, Opts)}
+    catch
+        error:Reason -> {error, {python_not_startable, Python, Reason}}
+    end.
+
+%% Fail fast, as erlexec does: the port must answer a ping (Python opens the
+%% GPU device before reading its first frame) or init fails with why.
+handshake(State = #{port := Port}) ->
+    Timeout = application:get_env(kem, start_timeout, 60000),
+    true = port_command(Port, term_to_binary({call, 0, ping, {}})),
+    receive
+        {Port, {data, Frame}} ->
+            case decode(Frame) of
+                {reply, 0, {ok, pong}} -> {ok, State};
+                Other -> close(State), {stop, {bad_handshake, Other}}
+            end;
+        {Port, {exit_status, Status}} ->
+            {stop, {port_exited_at_start, Status}}
+    after Timeout ->
+        close(State),
+        {stop, {port_start_timeout, Timeout}}
+    end.
+
+%% @doc The interpreter that has kem_port: KEM_PYTHON, app env `python', the
+%% project's .venv (searched upward from this module), python3 on PATH.
+-spec python_executable() -> string().
+python_executable() ->
+    Candidates = [os:getenv("KEM_PYTHON"), app_python(), venv_python(), os:find_executable("python3")],
+    case [C || C <- Candidates, is_list(C), C =/= ""] of
+        [First | _] -> First;
+        [] -> error({python_not_found, <<"set KEM_PYTHON or the kem app env python">>})
+    end.
+
+app_python() ->
+    case application:get_env(kem, python) of
+        {ok, P} when is_list(P) -> P;
+        {ok, P} when is_binary(P) -> binary_to_list(P);
+        _ -> false
+    end.
+
+venv_python() ->
+    case code:which(?MODULE) of
+        Path when is_list(Path) -> find_venv(filename:dirname(filename:absname(Path)));
+        _ -> false
+    end.
+
+find_venv("/") -> false;
+find_venv(Dir) ->
+    Candidate = filename:join([Dir, ".venv", "bin", "python"]),
+    case filelib:is_file(Candidate) of
+        true -> Candidate;
+        false ->
+            Parent = filename:dirname(Dir),
+            case Parent of Dir -> false; _ -> find_venv(Parent) end
+    end.
+
+-define(ENV_KEYS, [
+    {kernel_dir, "KEM_KERNEL_DIR"}, {max_output_bytes, "KEM_MAX_OUTPUT_BYTES"},
+    {max_input_bytes, "KEM_MAX_INPUT_BYTES"}, {queue_limit, "KEM_QUEUE_LIMIT"},
+    {adapter, "KEM_ADAPTER"}, {gateways, "KEM_GATEWAYS"}, {verify, "KEM_VERIFY"},
+    {allowed_owners, "KEM_ALLOWED_OWNERS"}, {pins, "KEM_PINS"},
+    {cache_dir, "KEM_CACHE_DIR"}, {log, "KEM_LOG"}]).
+
+port_env(Index) ->
+    Mapped = [{Var, env_value(V)} || {Key, Var} <- ?ENV_KEYS,
+                                     {ok, V} <- [application:get_env(kem, Key)],
+                                     V =/= undefined],
+    Extra = [{env_value(K), env_value(V)} || {K, V} <- application:get_env(kem, port_env, [])],
+    [{"KEM_PORT_INDEX", integer_to_list(Index)} | Mapped ++ Extra].
+
+env_value(V) when is_list(V) ->
+    case io_lib:printable_unicode_list(V) of
+        true -> V;
+        false -> lists:flatten(lists:join(",", [env_value(E) || E <- V]))
+    end;
+env_value(V) when is_binary(V) -> binary_to_list(V);
+env_value(V) when is_integer(V) -> integer_to_list(V);
+env_value(V) when is_atom(V) -> atom_to_list(V).

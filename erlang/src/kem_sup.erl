@@ -1,0 +1,40 @@
+%%% @doc Supervises the port owners: one `kem_port' per configured port.
+%%% A port that exits (crash, kill, timeout restart) is started again; its
+%%% waiting callers have already been answered by its `terminate'.
+-module(kem_sup).
+-behaviour(supervisor).
+-export([start_link/0, init/1, port_names/0]).
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    supervisor:start_link({local, ?MODULE}, ?MODULE, []).
+
+%% @doc The registered names of the port owners, for `kem' to spread calls.
+-spec port_names() -> [atom()].
+port_names() ->
+    [port_name(I) || I <- lists:seq(1, port_count())].
+
+init([]) ->
+    Count = port_count(),
+    Counter = atomics:new(1, [{signed, false}]),
+    persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),
+    Children = [
+        #{id => port_name(I),
+          start => {kem_port, start_link, [port_name(I), I]},
+          restart => permanent,
+          shutdown => 5000,
+          type => worker,
+          modules => [kem_port]}
+     || I <- lists:seq(1, Count)],
+    %% Generous intensity: a kill or a runaway kernel restarts one port, and
+    %% tests provoke several in a row; the app should not give up on that.
+    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, Children}}.
+
+port_count() ->
+    case application:get_env(kem, ports, 1) of
+        N when is_integer(N), N >= 1 -> N;
+        Other -> error({bad_config, {ports, Other}})
+    end.
+
+port_name(I) ->
+    list_to_atom("kem_port_" ++ integer_to_list(I)).

@@ -1,0 +1,227 @@
+%%% @doc eunit tests of the kem application against the real Python port on
+%%% whatever adapter wgpu finds (Mesa's lavapipe on CI).
+-module(kem_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+-define(DOUBLE, <<"double">>).
+
+kem_test_() ->
+    {setup, fun start/0, fun stop/1,
+     [{timeout, 60, fun hello_and_adapter_info/0},
+      {timeout, 60, fun worked_example/0},
+      {timeout, 120, fun double_random_inputs/0},
+      {timeout, 60, fun pixelize_uniform_image_is_unchanged/0},
+      {timeout, 60, fun compat_errors_raise/0},
+      {timeout, 60, fun modern_api_returns_errors/0},
+      {timeout, 60, fun dev_kem_good_requests/0},
+      {timeout, 60, fun dev_kem_bad_requests/0},
+      {timeout, 60, fun dev_kem_info/0},
+      {timeout, 60, fun lua_example_body_is_accepted/0},
+      {timeout, 300, fun fifty_callers_twenty_calls_each/0},
+      {timeout, 120, fun kill_port_with_calls_in_flight/0},
+      {timeout, 120, fun call_outliving_its_timeout/0},
+      {timeout, 60, fun stats_count_calls/0}]}.
+
+start() ->
+    ok = application:load(kem),
+    ok = application:set_env(kem, port_env, [{"KEM_TEST_HOOKS", "1"}]),
+    {ok, Apps} = application:ensure_all_started(kem),
+    Apps.
+
+stop(Apps) ->
+    [application:stop(A) || A <- lists:reverse(Apps)],
+    application:unload(kem),
+    ok.
+
+%%% reference
+
+%% What the double kernel must return: each little-endian u32 word times 2
+%% (mod 2^32), zero words past the input, cut to OutputSize bytes.
+double_ref(Input, OutputSize) ->
+    Pad = (4 - byte_size(Input) rem 4) rem 4,
+    Words = [W || <<W:32/little>> <= <<Input/binary, 0:(Pad * 8)>>],
+    Doubled = << <<((W * 2) band 16#FFFFFFFF):32/little>> || W <- Words >>,
+    OutWords = (OutputSize + 3) div 4,
+    Zeros = max(0, OutWords - length(Words)) * 4,
+    binary:part(<<Doubled/binary, 0:(Zeros * 8)>>, 0, OutputSize).
+
+random_bytes(N) -> crypto:strong_rand_bytes(N).
+
+%%% kem_nif
+
+hello_and_adapter_info() ->
+    ?assertEqual(<<"Hello world!">>, kem_nif:hello()),
+    {ok, Info} = kem_json:decode(kem_nif:adapter_info()),
+    [?assert(maps:is_key(K, Info)) || K <- [<<"name">>, <<"vendor">>, <<"device">>,
+                                          <<"driver">>, <<"backend">>, <<"driver_info">>]].
+
+worked_example() ->
+    ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
+
+double_random_inputs() ->
+    [begin
+         Input = random_bytes(Size),
+         ?assertEqual(double_ref(Input, Size * Hint), kem_nif:execute_kernel(?DOUBLE, Input, Hint))
+     end || Size <- [1, 3, 4, 5, 255, 4097, 100003], Hint <- [1, 2, 3, 4]].
+
+pixelize_uniform_image_is_unchanged() ->
+    {W, H} = {50, 30},
+    Image = binary:copy(<<10, 200, 30, 255>>, W * H),
+    Params = <<W:32/little, H:32/little, 8:32/little, 0:32>>,
+    ?assertEqual(Image, kem_nif:execute_kernel_with_params(<<"pixelize">>, Image, Params)).
+
+compat_errors_raise() ->
+    ?assertError({kernel_not_found, _}, kem_nif:execute_kernel(<<"no_such">>, <<1>>, 1)),
+    ?assertError({invalid_kernel_id, _}, kem_nif:execute_kernel(<<"../x">>, <<1>>, 1)),
+    ?assertError({bad_args, _}, kem_nif:execute_kernel_with_params(?DOUBLE, <<1>>, <<1, 0, 0, 0>>)),
+    %% The original guards: a hint must be a positive integer.
+    ?assertError(function_clause, kem_nif:execute_kernel(?DOUBLE, <<1>>, 0)),
+    ?assertError(function_clause, kem_nif:execute_kernel(?DOUBLE, [1], 1)),
+    ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
+
+modern_api_returns_errors() ->
+    ?assertEqual({ok, <<2, 6, 10, 14, 0, 0, 0, 0>>},
+                 kem:execute(?DOUBLE, <<1, 3, 5, 7>>, #{output_size_hint => 2})),
+    ?assertEqual({ok, <<2, 6>>}, kem:execute(?DOUBLE, <<1, 3, 5, 7>>, #{output_size => 2})),
+    ?assertMatch({error, {bad_args, _}}, kem:execute(?DOUBLE, <<1>>, #{nonsense => 1})),
+    ?assertMatch({error, {bad_args, _}}, kem:execute(?DOUBLE, not_a_binary, #{})),
+    ?assertMatch({error, {too_large, _}}, kem:execute(?DOUBLE, <<1>>, #{output_size => 1 bsl 40})),
+    ?assertMatch({ok, pong}, kem:ping()).
+
+%%% dev_kem
+
+body(Map) -> kem_json:encode(Map).
+
+dev_kem_good_requests() ->
+    Body = body(#{<<"kernel_id">> => ?DOUBLE, <<"input_data">> => [1, 3, 5, 7],
+                  <<"output_size_hint">> => 1}),
+    Ok = #{<<"status">> => 200, <<"body">> => <<2, 6, 10, 14>>,
+           <<"content-type">> => <<"application/octet-stream">>},
+    %% Direct hb_ao:resolve: body only in Msg2. HTTP: in both. Old callers: Msg1.
+    ?assertEqual({ok, Ok}, dev_kem:execute_kernel(#{}, #{<<"body">> => Body}, #{})),
+    ?assertEqual({ok, Ok}, dev_kem:execute_kernel(#{<<"body">> => Body}, #{<<"body">> => Body}, #{})),
+    ?assertEqual({ok, Ok}, dev_kem:execute_kernel(#{<<"body">> => Body}, #{}, #{})),
+    %% Hint defaults to 1; fields may be message keys.
+    NoHint = body(#{<<"kernel_id">> => ?DOUBLE, <<"input_data">> => [1, 3, 5, 7]}),
+    ?assertEqual({ok, Ok}, dev_kem:execute_kernel(#{}, #{<<"body">> => NoHint}, #{})),
+    ?assertEqual({ok, Ok}, dev_kem:execute_kernel(#{}, #{<<"kernel_id">> => ?DOUBLE,
+                                                         <<"input_data">> => [1, 3, 5, 7]}, #{})),
+    Input = [X rem 256 || X <- lists:seq(1, 400)],
+    Image = list_to_binary(Input),
+    WithParams = body(#{<<"kernel_id">> => <<"pixelize">>, <<"input_data">> => Input,
+                        <<"params">> => [10, 10, 1, 0]}),
+    %% pixel_size 1: every block is one pixel, the image comes back as is.
+    ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := Image}},
+                 dev_kem:execute_kernel_with_params(#{}, #{<<"body">> => WithParams}, #{})).
+
+dev_kem_bad_requests() ->
+    Bad = fun(Body) -> dev_kem:execute_kernel(#{}, #{<<"body">> => Body}, #{}) end,
+    Status = fun({error, #{<<"status">> := S}}) -> S end,
+    ?assertEqual(400, Status(Bad(<<"{not json">>))),
+    ?assertEqual(400, Status(Bad(<<"[1,2]">>))),
+    ?assertEqual(400, Status(Bad(body(#{<<"input_data">> => [1]})))),
+    ?assertEqual(400, Status(Bad(body(#{<<"kernel_id">> => ?DOUBLE})))),
+    ?assertEqual(400, Status(Bad(body(#{<<"kernel_id">> => ?DOUBLE, <<"input_data">> => [1, 256]})))),
+    ?assertEqual(400, Status(Bad(body(#{<<"kernel_id">> => ?DOUBLE, <<"input_data">> => [1],
+                                        <<"output_size_hint">> => 0})))),
+    ?assertEqual(400, Status(Bad(body(#{<<"kernel_id">> => <<"a/b">>, <<"input_data">> => [1]})))),
+    ?assertEqual(404, Status(Bad(body(#{<<"kernel_id">> => <<"nope">>, <<"input_data">> => [1]})))),
+    ?assertEqual(400, Status(dev_kem:execute_kernel(#{}, #{}, #{}))),
+    {error, #{<<"body">> := #{<<"error">> := _, <<"reason">> := _, <<"details">> := D}}} =
+        Bad(body(#{<<"kernel_id">> => <<"nope">>, <<"input_data">> => [1]})),
+    ?assert(is_binary(D)),
+    NoParams = body(#{<<"kernel_id">> => <<"pixelize">>, <<"input_data">> => [1, 2, 3, 4]}),
+    ?assertEqual(400, Status(dev_kem:execute_kernel_with_params(#{}, #{<<"body">> => NoParams}, #{}))).
+
+dev_kem_info() ->
+    ?assertEqual(#{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info]},
+                 dev_kem:info(#{})),
+    {ok, #{<<"status">> := 200, <<"body">> := #{<<"version">> := <<"1.0">>}}} = dev_kem:info(#{}, #{}, #{}),
+    {ok, #{<<"status">> := 200, <<"body">> := Json}} = dev_kem:get_adapter_info(#{}, #{}, #{}),
+    ?assertMatch({ok, #{<<"backend">> := _}}, kem_json:decode(Json)).
+
+lua_example_body_is_accepted() ->
+    {ok, Lua} = file:read_file(filename:join(repo_root(), "examples/kem-device.lua")),
+    {match, [Body]} = re:run(Lua, "KEM_REQUEST_BODY = '([^']*)'", [{capture, all_but_first, binary}]),
+    %% As ao.resolve delivers it: device, method and body are global-scope
+    %% keys, present on the base message and on the request.
+    Req = #{<<"device">> => <<"kem@1.0">>, <<"method">> => <<"POST">>, <<"body">> => Body},
+    ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := <<2, 6, 10, 14>>}},
+                 dev_kem:execute_kernel(Req, Req#{<<"path">> => <<"execute_kernel">>}, #{})).
+
+repo_root() ->
+    find_up(filename:dirname(code:which(?MODULE))).
+
+find_up(Dir) ->
+    case filelib:is_file(filename:join(Dir, "examples/kem-device.lua")) of
+        true -> Dir;
+        false -> find_up(filename:dirname(Dir))
+    end.
+
+%%% concurrency and faults
+
+fifty_callers_twenty_calls_each() ->
+    Parent = self(),
+    Pids = [spawn_link(fun() -> Parent ! {self(), caller(20)} end) || _ <- lists:seq(1, 50)],
+    Results = [receive {P, R} -> R after 240000 -> timeout end || P <- Pids],
+    ?assertEqual(lists:duplicate(50, ok), Results).
+
+caller(0) -> ok;
+caller(N) ->
+    Input = random_bytes(1 + rand:uniform(2000)),
+    Hint = rand:uniform(3),
+    case kem:execute(?DOUBLE, Input, #{output_size_hint => Hint}) of
+        {ok, Out} ->
+            case double_ref(Input, byte_size(Input) * Hint) of
+                Out -> caller(N - 1);
+                _ -> {wrong_answer, Input, Hint}
+            end;
+        Error -> Error
+    end.
+
+kill_port_with_calls_in_flight() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    Parent = self(),
+    Big = random_bytes(4 bsl 20),
+    Callers = [spawn_link(fun() -> Parent ! {self(), kem:execute(?DOUBLE, Big, #{})} end)
+               || _ <- lists:seq(1, 100)],
+    timer:sleep(50),
+    Killed = erlang:monotonic_time(millisecond),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    Results = [receive {P, R} -> R after 10000 -> no_reply end || P <- Callers],
+    LastAnswer = erlang:monotonic_time(millisecond) - Killed,
+    Errors = [R || {error, _} = R <- Results],
+    Good = [R || {ok, Out} = R <- Results, Out =:= double_ref(Big, byte_size(Big))],
+    Other = [R || R <- Results, element(1, R) =/= error, not lists:member(R, Good)],
+    ?assertEqual([], [case R of {ok, _} -> wrong_answer; _ -> R end || R <- Other]),
+    %% Every caller is answered: an error, or (if it finished before the
+    %% kill) the right bytes; never a wrong answer, never silence.
+    io:format(user, "~nkill: ~p errors, ~p good, ~p other; last answer after ~p ms~n", [length(Errors), length(Good), [R || R <- Results, not is_tuple(R)], LastAnswer]),
+    ?assertEqual(100, length(Errors) + length(Good)),
+    ?assert(length(Errors) > 0),
+    ?assert(LastAnswer < 1000),
+    ?assertEqual(ok, wait_for_service(5000)),
+    ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
+    ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
+
+call_outliving_its_timeout() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    ?assertMatch({error, {timeout, _}}, kem:call(test_hook, {sleep_gpu, 5000}, 300)),
+    ?assertEqual(ok, wait_for_service(5000)),
+    ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
+    ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
+
+wait_for_service(Left) when Left =< 0 -> timeout;
+wait_for_service(Left) ->
+    case kem:ping() of
+        {ok, pong} -> ok;
+        _ -> timer:sleep(50), wait_for_service(Left - 50)
+    end.
+
+stats_count_calls() ->
+    {ok, #{kem_port_1 := Before}} = kem:stats(),
+    _ = kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1),
+    {ok, #{kem_port_1 := After}} = kem:stats(),
+    ?assertEqual(2, maps:get(calls, After) - maps:get(calls, Before)).

@@ -1,0 +1,1 @@
+"""Kernels named by Arweave ID: gateways, proofs and the verified cache."""

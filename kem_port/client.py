@@ -1,0 +1,119 @@
+"""A small Python client for the port: what Erlang's kem_port does, for
+tools, tests and machines without Erlang (the GPU bench driver).
+
+It speaks exactly the wire protocol of docs/protocol.md over the child's
+pipes; replies may come back out of order and are matched by ReqId.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from kem_port import terms
+from kem_port.framing import HEADER
+
+
+class PortError(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class PortClient:
+    """Starts ``python -m kem_port`` and calls it; thread-safe."""
+
+    def __init__(self, env: dict[str, str] | None = None, python: str | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [python or sys.executable, "-m", "kem_port"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=full_env,
+            bufsize=0,
+        )
+        self._ids = itertools.count(1)
+        self._pending: dict[Any, Future] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self.unmatched: list[Any] = []
+        self._reader = threading.Thread(target=self._read_loop, daemon=True)
+        self._reader.start()
+
+    def send_raw(self, payload: bytes) -> None:
+        with self._write_lock:
+            self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
+
+    def call_async(self, method: str, *args: Any) -> Future:
+        req_id = next(self._ids)
+        fut: Future = Future()
+        with self._lock:
+            self._pending[req_id] = fut
+        term = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        self.send_raw(terms.encode(term))
+        return fut
+
+    def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+        return self.call_async(method, *args).result(timeout)
+
+    def _read_exact(self, n: int) -> bytes | None:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.proc.stdout.read(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    def _read_loop(self) -> None:
+        while True:
+            header = self._read_exact(4)
+            if header is None:
+                break
+            body = self._read_exact(HEADER.unpack(header)[0])
+            if body is None:
+                break
+            self._dispatch(terms.decode(body))
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            fut.set_exception(PortError("port_exited", str(self.proc.poll())))
+
+    def _dispatch(self, reply: Any) -> None:
+        _, req_id, result = reply
+        with self._lock:
+            fut = self._pending.pop(req_id, None)
+        if fut is None:
+            self.unmatched.append(reply)
+            return
+        status = terms.atom_name(result[0])
+        if status == "ok":
+            value = result[1]
+            data = terms.binary_bytes(value)
+            fut.set_result(data if data is not None else value)
+        else:
+            reason, detail = result[1]
+            fut.set_exception(PortError(terms.atom_name(reason) or "?", terms.binary_bytes(detail).decode()))
+
+    def close(self, timeout: float = 10.0) -> int:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        code = self.proc.wait(timeout)
+        self._reader.join(timeout)
+        return code
+
+    def __enter__(self) -> "PortClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.close()

@@ -1,0 +1,69 @@
+"""How many workgroups a call gets (docs/dispatch.md explains the rule).
+
+1. ``workgroups`` given by the caller: used as is, after a limit check.
+2. A 2-D workgroup (y > 1) with at least two param words: an image of
+   ``p0 x p1`` pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``.
+3. Otherwise one invocation per 4-byte output element:
+   ``ceil(ceil(output_size / 4) / (wx*wy*wz))`` groups in x. Past the
+   per-dimension limit the groups spill into y, which only a kernel that
+   declares ``@builtin(num_workgroups)`` can flatten; any other kernel is
+   refused rather than run on part of its output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kem_port.errors import KemError, too_large
+from kem_port.wgsl_reflect import EntryPoint
+
+
+@dataclass(frozen=True)
+class DispatchLimits:
+    max_per_dimension: int = 65535
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_dispatch(
+    entry: EntryPoint | None,
+    output_size: int,
+    param_words: tuple[int, ...],
+    workgroups: tuple[int, int, int] | None,
+    limits: DispatchLimits,
+) -> tuple[int, int, int]:
+    top = limits.max_per_dimension
+    if workgroups is not None:
+        if any(g > top for g in workgroups):
+            raise too_large(f"workgroups {workgroups} exceed the device's {top} per dimension")
+        return workgroups
+    if entry is None or entry.workgroup_size is None:
+        shown = entry.workgroup_size_text if entry else "?"
+        raise KemError(
+            "bad_kernel",
+            f"kem cannot read @workgroup_size({shown}) as integer literals; "
+            "write literals or pass the workgroups option",
+        )
+    wx, wy, wz = entry.workgroup_size
+    if wy > 1 and len(param_words) >= 2:
+        groups = (_ceil_div(param_words[0], wx), _ceil_div(param_words[1], wy), 1)
+        if groups[0] > top or groups[1] > top:
+            raise too_large(f"image {param_words[0]}x{param_words[1]} needs {groups[:2]} workgroups; the device allows {top} per dimension")
+        return groups
+    elements = _ceil_div(output_size, 4)
+    groups_needed = _ceil_div(elements, wx * wy * wz)
+    if groups_needed <= top:
+        return (groups_needed, 1, 1)
+    if "num_workgroups" not in entry.builtins:
+        raise KemError(
+            "dispatch_too_large",
+            f"{elements} elements need {groups_needed} workgroups, over the device's {top} in x; "
+            "kem spills into y only for kernels that declare @builtin(num_workgroups) "
+            "and flatten the index (docs/dispatch.md); or pass workgroups",
+        )
+    gy = _ceil_div(groups_needed, top)
+    if gy > top:
+        raise too_large(f"{groups_needed} workgroups exceed {top} x {top}")
+    return (top, gy, 1)

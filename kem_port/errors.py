@@ -1,0 +1,25 @@
+"""The one error type every layer raises: a reason atom plus readable detail.
+
+Everything that can go wrong for a caller becomes ``KemError(reason, detail)``
+and is sent back as ``{error, {Reason, Detail}}``; docs/protocol.md lists the
+reasons.
+"""
+
+from __future__ import annotations
+
+
+class KemError(Exception):
+    """A failure reported to the caller, never a crash of the port."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def bad_args(detail: str) -> KemError:
+    return KemError("bad_args", detail)
+
+
+def too_large(detail: str) -> KemError:
+    return KemError("too_large", detail)

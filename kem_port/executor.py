@@ -1,0 +1,451 @@
+"""The GPU side: one adapter and device for the life of the process.
+
+:class:`Executor` owns every wgpu object (device, pipelines, buffer pool);
+nothing lives in module globals, so a process could hold several executors
+(one per GPU) later. ``run(jobs)`` encodes a batch of calls into one command
+encoder, submits once, waits once and hands each caller a view of its bytes
+in the mapped staging buffer (docs/executor.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import wgpu
+
+from kem_port.buffer_pool import BufferPool
+from kem_port.config import Config
+from kem_port.dispatch import DispatchLimits, plan_dispatch
+from kem_port.errors import KemError, bad_args, too_large
+from kem_port.kernel_store import KernelSource
+from kem_port.protocol import KernelCall
+from kem_port.stats import Stats
+from kem_port.wgsl_reflect import EntryPoint, KernelShape, reflect
+
+log = logging.getLogger("kem_port.executor")
+
+STAGING_ALIGN = 256
+MIN_UNIFORM_BYTES = 256
+PIPELINE_CACHE_SIZE = 256
+LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
+
+
+@dataclass
+class Job:
+    call: KernelCall
+    source: KernelSource
+    reply: Callable[[memoryview], None]
+    fail: Callable[[KemError], None]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    pipeline: wgpu.GPUComputePipeline
+    layout: wgpu.GPUBindGroupLayout
+    entry: EntryPoint | None
+    has_params: bool
+
+
+@dataclass
+class _Prepared:
+    job: Job
+    pipeline: Pipeline
+    groups: tuple[int, int, int]
+    in_size: int
+    out_size: int
+    buffers: list[tuple[str, wgpu.GPUBuffer]] = field(default_factory=list)
+    staging_offset: int = 0
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def is_device_lost(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in LOST_MARKERS)
+
+
+def choose_adapter(selector: str | None) -> wgpu.GPUAdapter:
+    """KEM_ADAPTER picks by index or name substring; else high-performance, else any."""
+    if selector:
+        adapters = wgpu.gpu.enumerate_adapters_sync()
+        if selector.isdigit():
+            index = int(selector)
+            if index < len(adapters):
+                return adapters[index]
+        else:
+            wanted = selector.lower()
+            for adapter in adapters:
+                info = adapter.info
+                names = " ".join(str(info.get(k, "")) for k in ("device", "description", "vendor", "adapter_type"))
+                if wanted in names.lower():
+                    return adapter
+        listing = "; ".join(f"{i}: {a.info.get('device')}" for i, a in enumerate(adapters))
+        raise KemError("no_adapter", f"KEM_ADAPTER={selector!r} matches none of: {listing or 'no adapters'}")
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if adapter is None:
+        adapter = wgpu.gpu.request_adapter_sync(force_fallback_adapter=True)
+    if adapter is None:
+        raise KemError("no_adapter", "wgpu found no adapter (install mesa-vulkan-drivers for a CPU adapter)")
+    return adapter
+
+
+class Executor:
+    def __init__(self, config: Config, stats: Stats) -> None:
+        self.config = config
+        self.stats = stats
+        self.adapter: wgpu.GPUAdapter | None = None
+        self.device: wgpu.GPUDevice | None = None
+        self.pool: BufferPool | None = None
+        self._pipelines: OrderedDict[tuple, Pipeline] = OrderedDict()
+        self._shapes: dict[str, KernelShape] = {}
+        self.binding_limit = 0
+        self.uniform_limit = 0
+        self.dispatch_limits = DispatchLimits()
+        self.info: dict = {}
+
+    # -- life cycle -------------------------------------------------------
+
+    def open(self) -> None:
+        started = time.perf_counter()
+        self.adapter = choose_adapter(self.config.adapter)
+        limits = self.adapter.limits
+        wanted = {
+            name: limits[name]
+            for name in (
+                "max-storage-buffer-binding-size",
+                "max-buffer-size",
+                "max-compute-workgroups-per-dimension",
+                "max-uniform-buffer-binding-size",
+                "max-compute-invocations-per-workgroup",
+                "max-compute-workgroup-size-x",
+                "max-compute-workgroup-size-y",
+                "max-compute-workgroup-size-z",
+            )
+            if name in limits
+        }
+        self.device = self.adapter.request_device_sync(required_limits=wanted, label="kem")
+        max_buffer = int(limits["max-buffer-size"])
+        self.binding_limit = min(int(limits["max-storage-buffer-binding-size"]), max_buffer)
+        self.uniform_limit = int(limits["max-uniform-buffer-binding-size"])
+        self.dispatch_limits = DispatchLimits(int(limits["max-compute-workgroups-per-dimension"]))
+        self.pool = BufferPool(self.device, self.config.pool_bytes, max_buffer)
+        self._pipelines.clear()
+        self.info = self._describe_adapter()
+        self.stats.add_time("device_open", time.perf_counter() - started)
+        log.info("using %s (%s)", self.info["name"], self.info["backend"])
+
+    def rebuild(self) -> None:
+        """After device loss: a new adapter, device, pool and pipeline cache."""
+        self.stats.inc("device_rebuilds")
+        old = self.device
+        self.device = None
+        self.pool = None
+        self._pipelines.clear()
+        try:
+            if old is not None:
+                old.destroy()
+        except Exception:  # the old device may already be gone
+            pass
+        self.open()
+
+    def _describe_adapter(self) -> dict:
+        assert self.adapter is not None
+        info = self.adapter.info
+        limits = self.adapter.limits
+        return {
+            "name": info.get("device", ""),
+            "vendor": info.get("vendor", "") or str(info.get("vendor_id", "")),
+            "device": str(info.get("device_id", "")),
+            "driver": info.get("description", ""),
+            "backend": info.get("backend_type", ""),
+            "driver_info": info.get("description", ""),
+            "adapter_type": info.get("adapter_type", ""),
+            "vendor_id": info.get("vendor_id", 0),
+            "device_id": info.get("device_id", 0),
+            "limits": {
+                "max_storage_buffer_binding_size": int(limits["max-storage-buffer-binding-size"]),
+                "max_buffer_size": int(limits["max-buffer-size"]),
+                "max_compute_workgroups_per_dimension": int(limits["max-compute-workgroups-per-dimension"]),
+                "max_uniform_buffer_binding_size": int(limits["max-uniform-buffer-binding-size"]),
+                "max_output_bytes": self.config.max_output_bytes,
+                "max_input_bytes": self.config.max_input_bytes,
+            },
+        }
+
+    def adapter_info_json(self, extra: dict | None = None) -> bytes:
+        data = dict(self.info)
+        if extra:
+            data.update(extra)
+        return json.dumps(data, sort_keys=True).encode()
+
+    # -- preparation: everything that can fail for one caller alone ------
+
+    def _shape(self, source: KernelSource) -> KernelShape:
+        shape = self._shapes.get(source.sha256)
+        if shape is None:
+            shape = self._shapes[source.sha256] = reflect(source.text)
+        return shape
+
+    def pipeline_for(self, source: KernelSource, call: KernelCall) -> Pipeline:
+        has_params = call.params is not None
+        key = (source.sha256, call.entry_point, has_params)
+        found = self._pipelines.get(key)
+        if found is not None:
+            self._pipelines.move_to_end(key)
+            self.stats.inc("pipeline_hits")
+            return found
+        self.stats.inc("pipeline_misses")
+        shape = self._shape(source)
+        entry = check_layout(shape, call)
+        started = time.perf_counter()
+        pipeline = self._compile(source, call.entry_point, shape, has_params)
+        elapsed = time.perf_counter() - started
+        self.stats.inc("compiles")
+        self.stats.add_time("compile", elapsed)
+        log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
+        result = Pipeline(pipeline[0], pipeline[1], entry, has_params)
+        self._pipelines[key] = result
+        while len(self._pipelines) > PIPELINE_CACHE_SIZE:
+            self._pipelines.popitem(last=False)
+        return result
+
+    def _compile(self, source: KernelSource, entry: str, shape: KernelShape, has_params: bool):
+        device = self._require_device()
+        try:
+            module = device.create_shader_module(code=source.text, label=source.kernel_id)
+        except wgpu.GPUError as exc:
+            raise KemError("shader_error", _naga_message(exc)) from None
+        input_binding = shape.binding(0, 0)
+        input_type = "storage" if input_binding is not None and input_binding.access == "read_write" else "read-only-storage"
+        entries = [
+            {"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": input_type}},
+            {"binding": 1, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "storage"}},
+        ]
+        if has_params:
+            entries.append({"binding": 2, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "uniform"}})
+        try:
+            layout = device.create_bind_group_layout(entries=entries)
+            pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
+            pipeline = device.create_compute_pipeline(
+                layout=pipeline_layout, compute={"module": module, "entry_point": entry}
+            )
+        except wgpu.GPUError as exc:
+            raise KemError("bad_kernel", _naga_message(exc)) from None
+        return pipeline, layout
+
+    def _require_device(self) -> wgpu.GPUDevice:
+        if self.device is None:
+            raise KemError("no_adapter", "the GPU device is not available")
+        return self.device
+
+    def prepare(self, job: Job) -> _Prepared:
+        call = job.call
+        in_size = max(_pad4(len(call.input)), 4)
+        out_size = _pad4(call.output_size)
+        for what, size in (("input", in_size), ("output", out_size)):
+            if size > self.binding_limit:
+                raise too_large(
+                    f"{what} of {size} bytes is over this adapter's storage binding limit of {self.binding_limit}"
+                )
+        if call.params is not None and _align(len(call.params), 16) > self.uniform_limit:
+            raise too_large(f"params of {len(call.params)} bytes exceed the uniform limit {self.uniform_limit}")
+        pipeline = self.pipeline_for(job.source, call)
+        groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, self.dispatch_limits)
+        return _Prepared(job, pipeline, groups, in_size, out_size)
+
+    # -- running a batch --------------------------------------------------
+
+    def run(self, jobs: list[Job]) -> None:
+        """Run jobs; each job's reply or fail is called exactly once."""
+        if self.device is None:
+            try:
+                self.open()
+            except Exception as exc:  # report, keep serving non-GPU calls
+                error = exc if isinstance(exc, KemError) else KemError("no_adapter", str(exc))
+                for job in jobs:
+                    job.fail(error)
+                return
+        ready: list[_Prepared] = []
+        for job in jobs:
+            if job.call.output_size == 0:
+                job.reply(memoryview(b""))
+                continue
+            try:
+                ready.append(self.prepare(job))
+            except KemError as exc:
+                job.fail(exc)
+            except wgpu.GPUError as exc:
+                self._gpu_failure([job], exc)
+        if ready:
+            self._run_prepared(ready)
+
+    def _run_prepared(self, items: list[_Prepared]) -> None:
+        try:
+            self._encode_submit_deliver(items)
+        except KemError as exc:
+            for item in items:
+                item.job.fail(exc)
+        except Exception as exc:  # wgpu raised for the batch as a whole
+            if len(items) > 1 and not is_device_lost(exc):
+                # Find the offender: run each alone so the others still succeed.
+                for item in items:
+                    self._run_prepared([item])
+                return
+            self._gpu_failure([i.job for i in items], exc)
+
+    def _gpu_failure(self, jobs: list[Job], exc: BaseException) -> None:
+        if is_device_lost(exc):
+            log.error("device lost: %s; rebuilding", exc)
+            for job in jobs:
+                job.fail(KemError("device_lost", f"the GPU device was lost: {_naga_message(exc)}"))
+            try:
+                self.rebuild()
+            except Exception as rebuild_exc:
+                log.error("rebuild failed: %s", rebuild_exc)
+                self.device = None
+            return
+        for job in jobs:
+            job.fail(KemError("gpu_error", _naga_message(exc)))
+
+    def _encode_submit_deliver(self, items: list[_Prepared]) -> None:
+        device = self._require_device()
+        pool = self.pool
+        assert pool is not None
+        now = time.perf_counter()
+        for item in items:
+            self.stats.add_time("queue_wait", now - item.job.enqueued)
+        staging_size = 0
+        for item in items:
+            item.staging_offset = staging_size
+            staging_size += _align(item.out_size, STAGING_ALIGN)
+        staging = pool.take("staging", staging_size)
+        encoder = device.create_command_encoder()
+        try:
+            upload_started = time.perf_counter()
+            for item in items:
+                self._encode_one(device, pool, encoder, item, staging)
+            self.stats.add_time("upload_encode", time.perf_counter() - upload_started)
+            gpu_started = time.perf_counter()
+            device.queue.submit([encoder.finish()])
+            mapped = staging.map_async("READ_NOSYNC", 0, staging_size)
+            # A blocking device poll returns when the GPU is done and runs the
+            # map callback on this thread: measured 1.6x faster than map_sync,
+            # which waits on wgpu-py's poller thread (docs/executor.md).
+            device._poll_wait()
+            mapped.sync_wait()
+            self.stats.add_time("gpu_wait", time.perf_counter() - gpu_started)
+            deliver_started = time.perf_counter()
+            try:
+                for item in items:
+                    view = staging.read_mapped(item.staging_offset, item.out_size, copy=False)
+                    self._deliver(item, view[: item.job.call.output_size])
+            finally:
+                staging.unmap()
+            self.stats.add_time("readback", time.perf_counter() - deliver_started)
+        finally:
+            for item in items:
+                for kind, buf in item.buffers:
+                    pool.give(kind, buf)
+                item.buffers.clear()
+            pool.give("staging", staging)
+        self.stats.batch(len(items))
+
+    def _deliver(self, item: _Prepared, view: memoryview) -> None:
+        self.stats.inc("bytes_out", len(view))
+        item.job.reply(view)
+
+    def _encode_one(self, device, pool: BufferPool, encoder, item: _Prepared, staging) -> None:
+        call = item.job.call
+        in_buf = pool.take("input", item.in_size)
+        item.buffers.append(("input", in_buf))
+        _write_padded(device.queue, in_buf, call.input, item.in_size)
+        out_buf = pool.take("output", item.out_size)
+        item.buffers.append(("output", out_buf))
+        # Pooled buffers hold an earlier caller's bytes: clear what this
+        # call binds so a kernel that skips elements returns zeros, not them.
+        encoder.clear_buffer(out_buf, 0, item.out_size)
+        entries = [
+            {"binding": 0, "resource": {"buffer": in_buf, "offset": 0, "size": item.in_size}},
+            {"binding": 1, "resource": {"buffer": out_buf, "offset": 0, "size": item.out_size}},
+        ]
+        if call.params is not None:
+            u_size = max(_align(len(call.params), 16), MIN_UNIFORM_BYTES)
+            u_buf = pool.take("uniform", u_size)
+            item.buffers.append(("uniform", u_buf))
+            _write_padded(device.queue, u_buf, call.params, u_size)
+            entries.append({"binding": 2, "resource": {"buffer": u_buf, "offset": 0, "size": u_size}})
+        self.stats.inc("bytes_in", len(call.input))
+        bind_group = device.create_bind_group(layout=item.pipeline.layout, entries=entries)
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(item.pipeline.pipeline)
+        compute.set_bind_group(0, bind_group)
+        compute.dispatch_workgroups(*item.groups)
+        compute.end()
+        encoder.copy_buffer_to_buffer(out_buf, 0, staging, item.staging_offset, item.out_size)
+
+    def describe(self) -> dict:
+        extra = {"pipelines_cached": len(self._pipelines)}
+        if self.pool is not None:
+            extra.update(self.pool.describe())
+        return extra
+
+    def destroy_device_for_test(self) -> None:
+        """Test hook: lose the device as a driver reset would."""
+        if self.device is not None:
+            self.device.destroy()
+
+
+def _write_padded(queue, buf, data: bytes, padded: int) -> None:
+    """Upload data and zero the bytes up to `padded` without copying data."""
+    body = len(data) // 4 * 4
+    if body:
+        queue.write_buffer(buf, 0, data, 0, body)
+    tail = padded - body
+    if tail:
+        queue.write_buffer(buf, body, data[body:] + bytes(tail - (len(data) - body)))
+
+
+def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
+    """The kernel must fit kem's contract: group 0, bindings 0-1 (and 2 with params)."""
+    entry = shape.entry_points.get(call.entry_point)
+    if shape.entry_points and entry is None:
+        raise KemError("bad_kernel", f"no entry point {call.entry_point!r} (found {', '.join(shape.entry_points)})")
+    if entry is not None and entry.stage not in (None, "compute"):
+        raise KemError("bad_kernel", f"entry point {call.entry_point!r} is a {entry.stage} shader, not @compute")
+    if not shape.bindings:
+        return entry
+    extra = [b for b in shape.bindings if b.group != 0 or b.binding not in (0, 1, 2)]
+    if extra:
+        b = extra[0]
+        raise KemError("bad_kernel", f"{b.name} at @group({b.group}) @binding({b.binding}): kem binds only group 0, bindings 0-2")
+    output = shape.binding(0, 1)
+    if output is None or output.address_space != "storage" or output.access != "read_write":
+        raise KemError("bad_kernel", "binding 1 must be the output: var<storage, read_write>")
+    inp = shape.binding(0, 0)
+    if inp is None or inp.address_space != "storage":
+        raise KemError("bad_kernel", "binding 0 must be the input: var<storage, read>")
+    uniform = shape.binding(0, 2)
+    if uniform is not None and uniform.address_space != "uniform":
+        raise KemError("bad_kernel", "binding 2 must be the params: var<uniform>")
+    if call.params is not None and uniform is None:
+        raise bad_args("params given, but the kernel declares no @binding(2) var<uniform>")
+    if call.params is None and uniform is not None:
+        raise bad_args("the kernel reads params (@binding(2)); call it with params")
+    return entry
+
+
+def _naga_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text[:4000] if text else type(exc).__name__

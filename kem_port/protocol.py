@@ -1,0 +1,190 @@
+"""Requests off the wire: shape checks and typed arguments.
+
+``{call, ReqId, Method, Args}`` becomes a :class:`Call`; the arguments of the
+kernel methods become a :class:`KernelCall`, with every untrusted size
+checked against the configured limits before anything is allocated for it.
+docs/protocol.md is the normative description.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kem_port.config import Config
+from kem_port.errors import KemError, bad_args, too_large
+from kem_port.terms import atom_name, binary_bytes
+
+KERNEL_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_REQ_ID = (1 << 64) - 1
+KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
+INLINE_METHODS = ("ping", "hello", "adapter_info", "stats", "config", "test_hook")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point")
+
+
+@dataclass(frozen=True)
+class Call:
+    req_id: int
+    method: str
+    args: tuple
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    kernel_id: str
+    input: bytes
+    output_size: int
+    params: bytes | None = None
+    workgroups: tuple[int, int, int] | None = None
+    entry_point: str = "main"
+
+    @property
+    def param_words(self) -> tuple[int, ...]:
+        if not self.params:
+            return ()
+        usable = len(self.params) // 4 * 4
+        return tuple(int.from_bytes(self.params[i : i + 4], "little") for i in range(0, usable, 4))
+
+
+def parse_call(term: Any) -> Call:
+    """Check the envelope. A KemError raised here carries no usable ReqId."""
+    if not (isinstance(term, tuple) and len(term) == 4 and atom_name(term[0]) == "call"):
+        raise KemError("bad_request", "expected {call, ReqId, Method, Args}")
+    _, req_id, method, args = term
+    if not (type(req_id) is int and 0 <= req_id <= MAX_REQ_ID):
+        raise KemError("bad_request", "ReqId must be a non-negative integer below 2^64")
+    name = atom_name(method)
+    if name is None or isinstance(method, bool) or method is None:
+        raise RequestError(req_id, bad_args("Method must be an atom"))
+    if not isinstance(args, tuple):
+        raise RequestError(req_id, bad_args("Args must be a tuple"))
+    return Call(req_id, name, args)
+
+
+class RequestError(Exception):
+    """A KemError that belongs to a known ReqId."""
+
+    def __init__(self, req_id: int, error: KemError) -> None:
+        super().__init__(str(error))
+        self.req_id = req_id
+        self.error = error
+
+
+def _binary(value: Any, what: str) -> bytes:
+    data = binary_bytes(value)
+    if data is None:
+        raise bad_args(f"{what} must be a binary")
+    return data
+
+
+def _kernel_id(value: Any) -> str:
+    raw = _binary(value, "KernelId")
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise bad_args("KernelId must be ASCII letters, digits, '-' or '_'") from None
+    if not KERNEL_ID.match(text):
+        raise KemError("invalid_kernel_id", f"{text[:80]!r}: use 1-128 letters, digits, '-' or '_'")
+    return text
+
+
+def _positive_int(value: Any, what: str, maximum: int) -> int:
+    if type(value) is not int or value <= 0:
+        raise bad_args(f"{what} must be an integer > 0")
+    if value > maximum:
+        raise too_large(f"{what} {value} is over the limit of {maximum}")
+    return value
+
+
+def _input(value: Any, config: Config) -> bytes:
+    data = _binary(value, "Input")
+    if len(data) > config.max_input_bytes:
+        raise too_large(f"input of {len(data)} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
+    return data
+
+
+def _params(value: Any, config: Config) -> bytes:
+    data = _binary(value, "Params")
+    if len(data) > config.max_params_bytes:
+        raise too_large(f"params of {len(data)} bytes are over the {config.max_params_bytes}-byte uniform limit")
+    if not data:
+        raise bad_args("Params must not be empty")
+    return data
+
+
+def _output_size(input_len: int, hint: int, config: Config) -> int:
+    size = input_len * hint
+    if size > config.max_output_bytes:
+        raise too_large(
+            f"output of {input_len} x {hint} = {size} bytes is over KEM_MAX_OUTPUT_BYTES={config.max_output_bytes}"
+        )
+    return size
+
+
+def _workgroups(value: Any) -> tuple[int, int, int]:
+    if not (isinstance(value, tuple) and len(value) == 3 and all(type(v) is int for v in value)):
+        raise bad_args("workgroups must be {X, Y, Z} of integers")
+    if any(v <= 0 or v > MAX_REQ_ID for v in value):
+        raise bad_args("workgroups must each be >= 1")
+    return value  # type: ignore[return-value]
+
+
+def _entry_point(value: Any) -> str:
+    name = atom_name(value)
+    if name is None:
+        raw = binary_bytes(value)
+        name = raw.decode("ascii", "replace") if raw is not None else None
+    if name is None or not ENTRY_POINT.match(name):
+        raise bad_args("entry_point must be a WGSL identifier (atom or binary)")
+    return name
+
+
+def _arity(args: tuple, n: int, shape: str) -> None:
+    if len(args) != n:
+        raise bad_args(f"expected Args {shape}")
+
+
+def kernel_call(method: str, args: tuple, config: Config) -> KernelCall:
+    if method == "execute_kernel":
+        _arity(args, 3, "{KernelId, Input, OutputSizeHint}")
+        kid, data = _kernel_id(args[0]), _input(args[1], config)
+        hint = _positive_int(args[2], "OutputSizeHint", config.max_output_bytes)
+        return KernelCall(kid, data, _output_size(len(data), hint, config))
+    if method == "execute_kernel_with_params":
+        _arity(args, 3, "{KernelId, Input, Params}")
+        kid, data = _kernel_id(args[0]), _input(args[1], config)
+        params = _params(args[2], config)
+        return KernelCall(kid, data, _output_size(len(data), 1, config), params=params)
+    if method == "execute":
+        _arity(args, 3, "{KernelId, Input, Opts}")
+        kid, data = _kernel_id(args[0]), _input(args[1], config)
+        return _execute_opts(kid, data, args[2], config)
+    raise KemError("unknown_method", method)
+
+
+def _execute_opts(kid: str, data: bytes, opts: Any, config: Config) -> KernelCall:
+    if not isinstance(opts, dict):
+        raise bad_args("Opts must be a map")
+    named: dict[str, Any] = {}
+    for key, value in opts.items():
+        name = atom_name(key)
+        if name not in EXECUTE_OPTS:
+            raise bad_args(f"unknown option {key!r}; known: {', '.join(EXECUTE_OPTS)}")
+        named[name] = value
+    if "output_size" in named and "output_size_hint" in named:
+        raise bad_args("give output_size or output_size_hint, not both")
+    if "output_size" in named:
+        size = named["output_size"]
+        if type(size) is not int or size < 0:
+            raise bad_args("output_size must be an integer >= 0")
+        if size > config.max_output_bytes:
+            raise too_large(f"output_size {size} is over KEM_MAX_OUTPUT_BYTES={config.max_output_bytes}")
+    else:
+        hint = _positive_int(named.get("output_size_hint", 1), "output_size_hint", config.max_output_bytes)
+        size = _output_size(len(data), hint, config)
+    params = _params(named["params"], config) if "params" in named else None
+    groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
+    entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
+    return KernelCall(kid, data, size, params, groups, entry)

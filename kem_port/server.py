@@ -1,0 +1,65 @@
+"""The port's main loop: read frames until stdin closes, then exit at once.
+
+The reader (main) thread owns stdin. At EOF the node is gone, so the process
+ends with ``os._exit(0)`` even while the GPU thread is inside a long kernel:
+no orphan keeps spinning on the GPU, and no thread outlives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from kem_port.config import Config
+from kem_port.executor import Executor
+from kem_port.framing import FrameWriter, OversizedFrame, read_frame
+from kem_port.kernel_store import KernelResolver, default_stores
+from kem_port.router import Router
+from kem_port.stats import Stats
+from kem_port.errors import KemError
+from kem_port.stdio_guard import die_with_parent
+
+log = logging.getLogger("kem_port")
+
+
+def build_remote(config: Config, stats: Stats):
+    from kem_port.arweave.store import ArweaveStore
+
+    return ArweaveStore(config, stats)
+
+
+def serve(in_fd: int, out_fd: int) -> int:
+    die_with_parent()
+    config = Config.from_env()
+    logging.basicConfig(stream=sys.stderr, level=config.log_level, format="kem_port[%(process)d] %(levelname)s %(name)s: %(message)s")
+    stats = Stats()
+    writer = FrameWriter(out_fd)
+    executor = Executor(config, stats)
+    try:
+        executor.open()
+    except Exception as exc:  # keep serving: kernel calls will say no_adapter
+        log.error("no GPU device: %s", exc)
+    resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
+    router = Router(config, stats, executor, resolver, writer)
+    router.start()
+    try:
+        while True:
+            try:
+                frame = read_frame(in_fd, config.max_frame_bytes)
+            except OversizedFrame as exc:
+                router.reply_error(None, KemError("too_large", str(exc)))
+                continue
+            if frame is None:
+                break
+            router.handle_frame(frame)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    log.info("stdin closed; exiting")
+    os._exit(0)
+
+
+def main() -> int:
+    from kem_port.__main__ import main as port_main
+
+    return port_main()

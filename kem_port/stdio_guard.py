@@ -1,0 +1,42 @@
+"""Keep the port's stdout for frames alone.
+
+Native libraries (Vulkan loaders, drivers) and stray ``print`` calls write to
+file descriptor 1. Before anything else is imported we duplicate the real
+stdout to a private descriptor for the protocol, then point descriptor 1 (and
+``sys.stdout``) at stderr, so whatever else is written there lands in the
+node's log instead of corrupting a frame.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def claim_protocol_fds() -> tuple[int, int]:
+    """Return (input_fd, output_fd) for frames; fd 1 then points at stderr."""
+    out_fd = os.dup(1)
+    os.set_inheritable(out_fd, False)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return 0, out_fd
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill us if the process that started us dies.
+
+    The port's stdin reaching EOF is the normal signal (the reader thread
+    exits on it); this covers a VM killed so hard that the pipe lingers in a
+    surviving child. Best effort: other systems simply lack it.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,138 @@
+"""Erlang terms in and out, through erlang-py (docs/codec.md says why).
+
+Two settings make the library safe for frames from anyone:
+
+* compressed terms (tag 80) are refused. erlang-py inflates them completely
+  before checking the declared size, so a small frame could expand to
+  gigabytes; the node never sends them.
+* recursion depth: deep nesting raises RecursionError inside the library; it
+  is caught here and reported like any other malformed frame.
+
+Encoding wraps Python values explicitly: ``bytes`` -> binary, :func:`atom`
+-> atom. (erlang-py would send plain ``bytes`` or ``str`` as a charlist.)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import erlang
+
+from kem_port.errors import KemError
+
+# erlang-py consults this module constant when it meets a compressed term;
+# pointing it at an impossible tag turns tag 80 into "invalid tag".
+erlang._TAG_COMPRESSED_ZLIB = -1
+
+Atom = erlang.OtpErlangAtom
+Binary = erlang.OtpErlangBinary
+_ATOMS: dict[str, Atom] = {}
+
+
+def atom(name: str) -> Atom:
+    cached = _ATOMS.get(name)
+    if cached is None:
+        cached = _ATOMS[name] = Atom(name)
+    return cached
+
+
+def atom_name(value: Any) -> str | None:
+    """The name of an atom term, or None when value is not an atom."""
+    if isinstance(value, Atom):
+        name = value.value
+        if isinstance(name, bytes):
+            return name.decode("latin-1")
+        if isinstance(name, str):
+            return name
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "undefined"
+    return None
+
+
+def binary_bytes(value: Any) -> bytes | None:
+    """The bytes of a binary term (whole bytes only), or None."""
+    if isinstance(value, Binary) and value.bits == 8 and isinstance(value.value, bytes):
+        return value.value
+    return None
+
+
+def decode(frame: bytes) -> Any:
+    try:
+        return erlang.binary_to_term(frame)
+    except RecursionError:
+        raise KemError("bad_frame", "term nested too deeply") from None
+    except (erlang.ParseException, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise KemError("bad_frame", f"not a valid external term: {exc}") from None
+
+
+def to_term(value: Any) -> Any:
+    """Convert plain Python results (str, bytes, dict, list) to erlang-py terms."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return Binary(bytes(value))
+    if isinstance(value, str):
+        return Binary(value.encode("utf-8"))
+    if isinstance(value, Atom) or isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, dict):
+        return {(atom(k) if isinstance(k, str) else to_term(k)): to_term(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(to_term(v) for v in value)
+    if isinstance(value, list):
+        return [to_term(v) for v in value]
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def encode(term: Any) -> bytes:
+    return erlang.term_to_binary(term)
+
+
+def _split_reply_template() -> tuple[bytes, bytes]:
+    """The library's encoding of ``{reply, 0, {ok, <<>>}}``, cut around the 0.
+
+    ETF is positional: the ReqId's bytes sit between the tuple header plus
+    the ``reply`` atom and the ``{ok, <<>>}`` that follows. Splicing another
+    ReqId's encoding there (and dropping the binary's zero length) gives the
+    exact prefix of any ``{reply, ReqId, {ok, Payload}}``. tests/test_units.py
+    checks it against the library on random ReqIds and payloads.
+    """
+    whole = encode((atom("reply"), 0, (atom("ok"), Binary(b""))))
+    zero = encode(0)[1:]
+    head = encode((atom("reply"),))[3:]  # the atom alone, after 131,h,1
+    start = 3 + len(head)  # 131, SMALL_TUPLE_EXT, arity 3, then the atom
+    assert whole[start : start + len(zero)] == zero and whole.endswith(b"m\x00\x00\x00\x00")
+    return whole[:start], whole[start + len(zero) : -4]
+
+
+_REPLY_HEAD, _REPLY_TAIL = _split_reply_template()
+
+
+def _binary_reply_prefix(req_id: Any) -> bytes:
+    """ETF of ``{reply, ReqId, {ok, <<>>}}`` less the 4-byte binary length.
+
+    A binary's encoding ends the term here, so the prefix, a 4-byte length
+    and the payload itself (written from wherever it lies) are the complete
+    term, with no library copy of a payload that may be hundreds of MB.
+    Encoding the whole envelope with erlang-py cost 11 us a reply; this
+    costs one integer encode (scripts/bench_codec.py).
+    """
+    return _REPLY_HEAD + encode(req_id)[1:] + _REPLY_TAIL
+
+
+def ok_binary_reply(req_id: Any, payload: bytes | memoryview) -> list[bytes | memoryview]:
+    """Buffers that together encode ``{reply, ReqId, {ok, Payload}}``."""
+    return [_binary_reply_prefix(req_id) + struct.pack(">I", len(payload)), payload]
+
+
+def ok_reply(req_id: Any, result: Any) -> bytes:
+    return encode((atom("reply"), req_id, (atom("ok"), to_term(result))))
+
+
+def error_reply(req_id: Any, reason: str, detail: str) -> bytes:
+    return encode((atom("reply"), req_id, (atom("error"), (atom(reason), Binary(detail.encode("utf-8", "replace"))))))

@@ -1,0 +1,150 @@
+"""Pure parts: framing and terms (property-based), dispatch rule, reflection."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kem_port import terms
+from kem_port.dispatch import DispatchLimits, plan_dispatch
+from kem_port.errors import KemError
+from kem_port.framing import FrameWriter, OversizedFrame, read_frame
+from kem_port.wgsl_reflect import EntryPoint, reflect
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=70000), max_size=5))
+def test_frames_round_trip_through_a_pipe(payloads):
+    r, w = os.pipe()
+    os.set_blocking(w, True)
+    try:
+        import threading
+
+        writer = FrameWriter(w)
+        t = threading.Thread(target=lambda: [writer.write([p[: len(p) // 2], p[len(p) // 2 :]]) for p in payloads])
+        t.start()
+        got = [read_frame(r, 1 << 20) for _ in payloads]
+        t.join()
+        assert got == payloads
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_oversized_frame_is_discarded_and_stream_stays_in_sync():
+    r, w = os.pipe()
+    try:
+        os.write(w, (100).to_bytes(4, "big") + bytes(100) + (3).to_bytes(4, "big") + b"abc")
+        with pytest.raises(OversizedFrame):
+            read_frame(r, 50)
+        assert read_frame(r, 50) == b"abc"
+        os.close(w)
+        w = -1
+        assert read_frame(r, 50) is None
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+erl_terms = st.recursive(
+    st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.binary(max_size=100).map(terms.Binary),
+        st.sampled_from(["ok", "error", "reply", "x"]).map(terms.atom),
+        st.floats(allow_nan=False),
+    ),
+    lambda children: st.one_of(st.lists(children, max_size=5).map(tuple), st.lists(children, max_size=5)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(erl_terms)
+def test_terms_round_trip(term):
+    assert terms.decode(terms.encode(term)) == term
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.binary(max_size=5000))
+def test_binary_reply_fast_path_equals_library_encoding(req_id, payload):
+    fast = b"".join(bytes(p) for p in terms.ok_binary_reply(req_id, payload))
+    assert fast == terms.ok_reply(req_id, payload)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_decode_never_raises_anything_but_kemerror(data):
+    try:
+        terms.decode(data)
+    except KemError as exc:
+        assert exc.reason == "bad_frame"
+
+
+def ep(size, builtins=()):
+    return EntryPoint("main", "compute", size, "", frozenset(builtins))
+
+
+LIM = DispatchLimits(65535)
+
+
+@pytest.mark.parametrize(
+    "size,out,params,expected",
+    [
+        ((256, 1, 1), 4, (), (1, 1, 1)),
+        ((256, 1, 1), 257 * 4, (), (2, 1, 1)),
+        ((256, 1, 1), 1025 * 4, (), (5, 1, 1)),
+        ((64, 1, 1), 3, (), (1, 1, 1)),
+        ((16, 16, 1), 4 * 1000, (), (4, 1, 1)),
+        ((16, 16, 1), 4 * 17 * 33, (17, 33, 5), (2, 3, 1)),
+        ((16, 16, 1), 4 * 2000 * 2000, (2000, 2000), (125, 125, 1)),
+        ((256, 1, 1), 4 * 256 * 65535, (), (65535, 1, 1)),
+    ],
+)
+def test_dispatch_rule(size, out, params, expected):
+    assert plan_dispatch(ep(size), out, params, None, LIM) == expected
+
+
+def test_dispatch_spills_only_for_kernels_that_can_see_it():
+    n = 4 * 256 * 65536
+    assert plan_dispatch(ep((256, 1, 1), ["num_workgroups"]), n, (), None, LIM) == (65535, 2, 1)
+    with pytest.raises(KemError) as err:
+        plan_dispatch(ep((256, 1, 1)), n, (), None, LIM)
+    assert err.value.reason == "dispatch_too_large"
+
+
+def test_dispatch_override_and_limits():
+    assert plan_dispatch(None, 4, (), (3, 2, 1), LIM) == (3, 2, 1)
+    with pytest.raises(KemError):
+        plan_dispatch(None, 4, (), (65536, 1, 1), LIM)
+    with pytest.raises(KemError):
+        plan_dispatch(ep((16, 16, 1)), 4, (16 * 70000, 1), None, LIM)
+    with pytest.raises(KemError):
+        plan_dispatch(ep(None), 4, (), None, LIM)
+
+
+def test_reflection_reads_entry_points_and_bindings():
+    shape = reflect(
+        """
+        struct P { a: u32, b: u32 }
+        @group(0) @binding(0) var<storage, read> i: array<u32>;
+        @group(0) @binding(1) var<storage, read_write> o: array<u32>;
+        @group(0) @binding(2) var<uniform> p: P;
+        fn helper(x: u32) -> u32 { return x; }
+        @compute @workgroup_size(8, 4, 2)
+        fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {}
+        @compute @workgroup_size(0x10u) fn other() {}
+        """
+    )
+    assert shape.entry_points["main"].workgroup_size == (8, 4, 2)
+    assert shape.entry_points["main"].builtins == {"global_invocation_id", "num_workgroups"}
+    assert shape.entry_points["other"].workgroup_size == (16, 1, 1)
+    assert shape.entry_points["helper"].stage is None
+    assert [(b.binding, b.address_space, b.access) for b in shape.bindings] == [
+        (0, "storage", "read"),
+        (1, "storage", "read_write"),
+        (2, "uniform", ""),
+    ]
