@@ -164,13 +164,24 @@ status(bad_args) -> 400;
 status(invalid_kernel_id) -> 400;
 status(kernel_not_found) -> 404;
 status(too_large) -> 413;
+status(not_found) -> 404;
+status(not_pinned) -> 403;
+status(owner_not_allowed) -> 403;
 status(shader_error) -> 422;
 status(bad_kernel) -> 422;
 status(dispatch_too_large) -> 422;
 status(overloaded) -> 503;
 status(port_unavailable) -> 503;
 status(timeout) -> 504;
-status(_) -> 500.
+status(Reason) ->
+    %% Every gateway failed to prove the kernel: the fault is upstream.
+    case lists:member(Reason, [id_mismatch, bad_signature, data_root_mismatch, size_mismatch,
+                               header_unavailable, bad_header, pin_mismatch,
+                               unsupported_signature_type, fetch_failed, unreachable,
+                               http_error]) of
+        true -> 502;
+        false -> 500
+    end.
 
 to_text(Bin) when is_binary(Bin) -> Bin;
 %% Depth-limited: a reason may carry a caller's whole input binary.
