@@ -22,6 +22,7 @@ USAGES = {
     "output": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST,
     "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
     "staging": wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+    "query": wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC,
 }
 
 

@@ -29,11 +29,11 @@ class PortError(Exception):
 class PortClient:
     """Starts ``python -m kem_port`` and calls it; thread-safe."""
 
-    def __init__(self, env: dict[str, str] | None = None, python: str | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, python: str | None = None, module: str = "kem_port") -> None:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", "kem_port"],
+            [python or sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=full_env,

@@ -30,6 +30,13 @@ def _env_list(env: dict[str, str], name: str) -> list[str]:
     return [item.strip() for item in env.get(name, "").split(",") if item.strip()]
 
 
+def _choice(env: dict[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    value = env.get(name, allowed[0]).strip().lower() or allowed[0]
+    if value not in allowed:
+        raise SystemExit(f"kem_port: {name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
 def _default_cache_dir(env: dict[str, str]) -> Path:
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kem" / "kernels"
@@ -55,6 +62,7 @@ class Config:
     fetch_timeout_s: float = 10.0
     fetch_retries: int = 2
     test_hooks: bool = False
+    gpu_timing: str = "auto"
 
     @property
     def max_frame_bytes(self) -> int:
@@ -89,4 +97,5 @@ class Config:
             fetch_timeout_s=float(_env_int(env, "KEM_FETCH_TIMEOUT_MS", 10_000, 1)) / 1000.0,
             fetch_retries=_env_int(env, "KEM_FETCH_RETRIES", 2, 0),
             test_hooks=env.get("KEM_TEST_HOOKS") == "1",
+            gpu_timing=_choice(env, "KEM_GPU_TIMING", ("auto", "on", "off")),
         )

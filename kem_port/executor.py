@@ -30,6 +30,7 @@ from kem_port.wgsl_reflect import EntryPoint, KernelShape, reflect
 log = logging.getLogger("kem_port.executor")
 
 STAGING_ALIGN = 256
+SMALL_RESULT = 64 * 1024  # copied out of the mapped buffer; larger ones are written from it
 MIN_UNIFORM_BYTES = 256
 PIPELINE_CACHE_SIZE = 256
 LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
@@ -114,6 +115,7 @@ class Executor:
         self.uniform_limit = 0
         self.dispatch_limits = DispatchLimits()
         self.info: dict = {}
+        self._query_set = None
 
     # -- life cycle -------------------------------------------------------
 
@@ -135,7 +137,13 @@ class Executor:
             )
             if name in limits
         }
-        self.device = self.adapter.request_device_sync(required_limits=wanted, label="kem")
+        features = ["timestamp-query"] if self._want_timing() else []
+        self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features, label="kem")
+        # One query set for the device's life: creating one per batch cost
+        # ~250 us a small call on lavapipe.
+        self._query_set = (
+            self.device.create_query_set(type="timestamp", count=2 * self.config.max_batch) if features else None
+        )
         max_buffer = int(limits["max-buffer-size"])
         self.binding_limit = min(int(limits["max-storage-buffer-binding-size"]), max_buffer)
         self.uniform_limit = int(limits["max-uniform-buffer-binding-size"])
@@ -146,12 +154,21 @@ class Executor:
         self.stats.add_time("device_open", time.perf_counter() - started)
         log.info("using %s (%s)", self.info["name"], self.info["backend"])
 
+    def _want_timing(self) -> bool:
+        """GPU timestamps per call: on real GPUs by default. On lavapipe they
+        cost ~170 us of a ~700 us small call, so auto leaves them off there."""
+        assert self.adapter is not None
+        if self.config.gpu_timing == "off" or "timestamp-query" not in self.adapter.features:
+            return False
+        return self.config.gpu_timing == "on" or self.adapter.info.get("adapter_type") != "CPU"
+
     def rebuild(self) -> None:
         """After device loss: a new adapter, device, pool and pipeline cache."""
         self.stats.inc("device_rebuilds")
         old = self.device
         self.device = None
         self.pool = None
+        self._query_set = None
         self._pipelines.clear()
         try:
             if old is not None:
@@ -330,12 +347,17 @@ class Executor:
         for item in items:
             item.staging_offset = staging_size
             staging_size += _align(item.out_size, STAGING_ALIGN)
+        timing = _Timing(self._query_set, pool, len(items), staging_size) if self._query_set else None
+        if timing is not None:
+            staging_size += _align(timing.size, STAGING_ALIGN)
         staging = pool.take("staging", staging_size)
         encoder = device.create_command_encoder()
         try:
             upload_started = time.perf_counter()
-            for item in items:
-                self._encode_one(device, pool, encoder, item, staging)
+            for index, item in enumerate(items):
+                self._encode_one(device, pool, encoder, item, staging, timing.writes(index) if timing else None)
+            if timing is not None:
+                timing.resolve(encoder, staging)
             self.stats.add_time("upload_encode", time.perf_counter() - upload_started)
             gpu_started = time.perf_counter()
             device.queue.submit([encoder.finish()])
@@ -347,26 +369,42 @@ class Executor:
             mapped.sync_wait()
             self.stats.add_time("gpu_wait", time.perf_counter() - gpu_started)
             deliver_started = time.perf_counter()
+            later: list[tuple[_Prepared, bytes]] = []
             try:
                 for item in items:
+                    size = item.job.call.output_size
                     view = staging.read_mapped(item.staging_offset, item.out_size, copy=False)
-                    self._deliver(item, view[: item.job.call.output_size])
+                    if size <= SMALL_RESULT:
+                        later.append((item, bytes(view[:size])))
+                    else:
+                        # Large: straight from mapped memory to the pipe.
+                        self._deliver(item, view[:size])
+                if timing is not None:
+                    self.stats.add_time("gpu_kernel", timing.read(staging))
+                    self.stats.inc("gpu_kernel_samples", len(items))
             finally:
                 staging.unmap()
-            self.stats.add_time("readback", time.perf_counter() - deliver_started)
         finally:
+            if timing is not None:
+                timing.release()
             for item in items:
                 for kind, buf in item.buffers:
                     pool.give(kind, buf)
                 item.buffers.clear()
             pool.give("staging", staging)
         self.stats.batch(len(items))
+        # Small results go out last, once this thread's bookkeeping is done:
+        # the caller's next request then finds the GPU thread already
+        # waiting instead of competing with it for the GIL.
+        for item, data in later:
+            self._deliver(item, memoryview(data))
+        self.stats.add_time("readback", time.perf_counter() - deliver_started)
 
     def _deliver(self, item: _Prepared, view: memoryview) -> None:
         self.stats.inc("bytes_out", len(view))
         item.job.reply(view)
 
-    def _encode_one(self, device, pool: BufferPool, encoder, item: _Prepared, staging) -> None:
+    def _encode_one(self, device, pool: BufferPool, encoder, item: _Prepared, staging, timestamp_writes=None) -> None:
         call = item.job.call
         in_buf = pool.take("input", item.in_size)
         item.buffers.append(("input", in_buf))
@@ -388,7 +426,7 @@ class Executor:
             entries.append({"binding": 2, "resource": {"buffer": u_buf, "offset": 0, "size": u_size}})
         self.stats.inc("bytes_in", len(call.input))
         bind_group = device.create_bind_group(layout=item.pipeline.layout, entries=entries)
-        compute = encoder.begin_compute_pass()
+        compute = encoder.begin_compute_pass(timestamp_writes=timestamp_writes) if timestamp_writes else encoder.begin_compute_pass()
         compute.set_pipeline(item.pipeline.pipeline)
         compute.set_bind_group(0, bind_group)
         compute.dispatch_workgroups(*item.groups)
@@ -405,6 +443,41 @@ class Executor:
         """Test hook: lose the device as a driver reset would."""
         if self.device is not None:
             self.device.destroy()
+
+
+class _Timing:
+    """GPU timestamps around each call's compute pass (timestamp-query).
+
+    Two u64 timestamps per pass are resolved into a buffer and copied behind
+    the results in the batch's staging buffer, so they come back with the
+    one map the batch already does.
+    """
+
+    def __init__(self, query_set, pool: BufferPool, count: int, offset: int) -> None:
+        self.count = count
+        self.size = 16 * count
+        self.offset = offset
+        self.pool = pool
+        self.query_set = query_set
+        self.resolved = pool.take("query", self.size)
+
+    def writes(self, index: int) -> dict:
+        return {"query_set": self.query_set, "beginning_of_pass_write_index": 2 * index,
+                "end_of_pass_write_index": 2 * index + 1}
+
+    def resolve(self, encoder, staging) -> None:
+        encoder.resolve_query_set(self.query_set, 0, 2 * self.count, self.resolved, 0)
+        encoder.copy_buffer_to_buffer(self.resolved, 0, staging, self.offset, self.size)
+
+    def read(self, staging) -> float:
+        """Seconds of GPU time summed over the batch's passes."""
+        view = staging.read_mapped(self.offset, self.size, copy=False)
+        stamps = view.cast("Q")
+        total = sum(max(0, stamps[2 * i + 1] - stamps[2 * i]) for i in range(self.count))
+        return total / 1e9
+
+    def release(self) -> None:
+        self.pool.give("query", self.resolved)
 
 
 def _write_padded(queue, buf, data: bytes, padded: int) -> None:

@@ -31,6 +31,9 @@ def build_remote(config: Config, stats: Stats):
 
 def serve(in_fd: int, out_fd: int) -> int:
     die_with_parent()
+    # Two busy threads (reader, GPU) hand requests over: a waiting thread
+    # otherwise gets the GIL only after the default 5 ms switch interval.
+    sys.setswitchinterval(0.0002)
     config = Config.from_env()
     logging.basicConfig(stream=sys.stderr, level=config.log_level, format="kem_port[%(process)d] %(levelname)s %(name)s: %(message)s")
     stats = Stats()

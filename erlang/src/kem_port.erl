@@ -16,7 +16,7 @@
 -module(kem_port).
 -behaviour(gen_server).
 
--export([start_link/2, call/4, os_pid/1, python_executable/0]).
+-export([start_link/2, start_module/1, call/4, os_pid/1, python_executable/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
 
 -define(MARGIN_MS, 2000).
@@ -26,7 +26,13 @@
 
 -spec start_link(atom(), pos_integer()) -> {ok, pid()} | {error, term()}.
 start_link(Name, Index) ->
-    gen_server:start_link({local, Name}, ?MODULE, {Name, Index}, []).
+    gen_server:start_link({local, Name}, ?MODULE, {Name, Index, "kem_port"}, []).
+
+%% @doc An unregistered, unsupervised owner of another Python module that
+%% speaks the same protocol (the benchmark's `kem_port.echo').
+-spec start_module(string()) -> {ok, pid()} | {error, term()}.
+start_module(Module) ->
+    gen_server:start(?MODULE, {list_to_atom(Module), 0, Module}, []).
 
 %% @doc Send one request and wait for its reply, at most Timeout ms.
 -spec call(atom() | pid(), atom(), tuple(), timeout()) ->
@@ -66,10 +72,10 @@ os_pid(Server) ->
 
 %%% gen_server
 
-init({Name, Index}) ->
+init({Name, Index, Module}) ->
     process_flag(trap_exit, true),
     Python = python_executable(),
-    case open(Python, Index) of
+    case open(Python, Module, Index) of
         {ok, Port} ->
             State = #{name => Name, port => Port, next => 1, pending => #{},
                       os_pid => os_pid_of(Port)},
@@ -215,9 +221,9 @@ os_pid_of(Port) ->
         _ -> undefined
     end.
 
-open(Python, Index) ->
+open(Python, Module, Index) ->
     Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
-            {args, ["-m", "kem_port"]}, {env, port_env(Index)}],
+            {args, ["-m", Module]}, {env, port_env(Index)}],
     try
         {ok, open_port({spawn_executable, Python}, Opts)}
     catch

@@ -1,0 +1,122 @@
+%%% @doc The benchmark behind scripts/bench: kem through its Erlang API
+%%% against baselines measured in the same run (the original per-call
+%%% design, and kem's transport with no GPU). Prints a table, writes JSON.
+-module(kem_bench).
+-export([run/2]).
+
+-define(DOUBLE, <<"double">>).
+-define(SMALL, <<1, 3, 5, 7>>).
+
+%% @doc Mode is quick (a 2-core machine) or full (a GPU node).
+-spec run(quick | full, string()) -> ok.
+run(Mode, OutFile) ->
+    logger:set_primary_config(level, error),
+    {ok, _} = application:ensure_all_started(kem),
+    P = params(Mode),
+    {ok, InfoJson} = kem:adapter_info(),
+    {ok, Info} = kem_json:decode(InfoJson),
+    Limit = maps:get(<<"max_storage_buffer_binding_size">>, maps:get(<<"limits">>, Info)),
+    <<2, 6, 10, 14>> = kem_nif:execute_kernel(?DOUBLE, ?SMALL, 1),
+    {ok, Echo} = kem_port:start_module("kem_port.echo"),
+    EchoCall = fun(Bin) -> {ok, _} = kem_port:call(Echo, execute_kernel, {?DOUBLE, Bin, 1}, 60000) end,
+    KemCall = fun(Bin) -> {ok, _} = kem:call(execute_kernel, {?DOUBLE, Bin, 1}, 60000) end,
+    {ok, Before} = kem:stats(),
+    Small = latencies(fun() -> KemCall(?SMALL) end, maps:get(small_calls, P)),
+    EchoSmall = latencies(fun() -> EchoCall(?SMALL) end, maps:get(small_calls, P)),
+    Rates = [{C, rate(KemCall, C, maps:get(seconds, P))} || C <- [1, 8, 64]],
+    EchoRates = [{C, rate(EchoCall, C, maps:get(seconds, P))} || C <- [1, 8, 64]],
+    Sizes = [S || S <- maps:get(bulk_mb, P), S bsl 20 =< Limit],
+    Bulk = [{S, bulk(KemCall, S, maps:get(bulk_reps, P))} || S <- Sizes],
+    EchoBulk = [{S, bulk(EchoCall, S, maps:get(bulk_reps, P))} || S <- Sizes],
+    {ok, After} = kem:stats(),
+    Seed = seed_design(maps:get(seed_calls, P)),
+    SeedRate = maps:get(<<"calls_per_s">>, Seed),
+    Rate64 = proplists:get_value(64, Rates),
+    Result = #{
+        mode => Mode,
+        adapter => maps:get(<<"name">>, Info),
+        adapter_type => maps:get(<<"adapter_type">>, Info),
+        small_p50_us => pct(Small, 50), small_p99_us => pct(Small, 99),
+        echo_small_p50_us => pct(EchoSmall, 50), echo_small_p99_us => pct(EchoSmall, 99),
+        calls_per_s => by_key(Rates), echo_calls_per_s => by_key(EchoRates),
+        seed_design_calls_per_s => SeedRate,
+        seed_design_median_ms => maps:get(<<"median_ms">>, Seed),
+        bulk_gbps => by_key(Bulk), echo_bulk_gbps => by_key(EchoBulk),
+        ratios => #{
+            small_p50_over_echo => pct(Small, 50) / pct(EchoSmall, 50),
+            calls_64_over_seed => Rate64 / SeedRate,
+            bulk_64mb_over_echo => ratio(64, Bulk, EchoBulk)},
+        port_stats_delta => delta(Before, After)},
+    ok = file:write_file(OutFile, kem_json:encode(Result)),
+    print(Result, Sizes),
+    io:format("kem bench: wrote ~s~n", [OutFile]),
+    ok.
+
+params(quick) ->
+    #{small_calls => 2000, seconds => 2, bulk_mb => [1, 16, 64], bulk_reps => 3, seed_calls => 20};
+params(full) ->
+    #{small_calls => 5000, seconds => 3, bulk_mb => [1, 16, 64, 256], bulk_reps => 5, seed_calls => 20}.
+
+latencies(Fun, N) ->
+    [Fun() || _ <- lists:seq(1, 50)],  % warm: compile, pool
+    lists:sort([begin T = now_us(), Fun(), now_us() - T end || _ <- lists:seq(1, N)]).
+
+pct(Sorted, P) ->
+    lists:nth(max(1, min(length(Sorted), round(length(Sorted) * P / 100))), Sorted).
+
+%% Callers processes each calling in a loop for Seconds; total calls/s.
+rate(Call, Callers, Seconds) ->
+    Parent = self(),
+    Deadline = now_us() + Seconds * 1000000,
+    Pids = [spawn_link(fun() -> Parent ! {self(), loop(Call, Deadline, 0)} end) || _ <- lists:seq(1, Callers)],
+    Started = now_us(),
+    Total = lists:sum([receive {Pid, N} -> N end || Pid <- Pids]),
+    Total / ((now_us() - Started) / 1.0e6).
+
+loop(Call, Deadline, N) ->
+    case now_us() < Deadline of
+        true -> Call(?SMALL), loop(Call, Deadline, N + 1);
+        false -> N
+    end.
+
+%% GB/s of payload for a round trip Erlang -> port -> GPU -> Erlang.
+bulk(Call, MB, Reps) ->
+    Bin = crypto:strong_rand_bytes(MB bsl 20),
+    Call(Bin),
+    Times = lists:sort([begin T = now_us(), Call(Bin), now_us() - T end || _ <- lists:seq(1, Reps)]),
+    (MB bsl 20) / (lists:nth((Reps + 1) div 2, Times) / 1.0e6) / 1.0e9.
+
+seed_design(Calls) ->
+    Cmd = kem_port:python_executable() ++ " -m kem_port.seed_design " ++ integer_to_list(Calls) ++ " 2>/dev/null",
+    Lines = string:split(string:trim(os:cmd(Cmd)), "\n", all),
+    {ok, Map} = kem_json:decode(list_to_binary(lists:last(Lines))),
+    Map.
+
+ratio(Key, A, B) ->
+    case {proplists:get_value(Key, A), proplists:get_value(Key, B)} of
+        {X, Y} when is_number(X), is_number(Y) -> X / Y;
+        _ -> null
+    end.
+
+by_key(Pairs) -> maps:from_list([{integer_to_binary(K), V} || {K, V} <- Pairs]).
+
+delta(#{kem_port_1 := B}, #{kem_port_1 := A}) ->
+    maps:from_list([{K, V - maps:get(K, B, 0)} || {K, V} <- maps:to_list(A), is_integer(V)]);
+delta(_, _) -> #{}.
+
+now_us() -> erlang:monotonic_time(microsecond).
+
+print(R, Sizes) ->
+    #{calls_per_s := C, echo_calls_per_s := EC, bulk_gbps := B, echo_bulk_gbps := EB, ratios := Q} = R,
+    io:format("~nkem bench (~p) on ~s (~s)~n", [maps:get(mode, R), maps:get(adapter, R), maps:get(adapter_type, R)]),
+    io:format("  small call (double, 4 B), one caller:  p50 ~p us  p99 ~p us   | echo p50 ~p us  p99 ~p us~n",
+              [maps:get(small_p50_us, R), maps:get(small_p99_us, R),
+               maps:get(echo_small_p50_us, R), maps:get(echo_small_p99_us, R)]),
+    [io:format("  ~2b callers: ~9.1f calls/s                  | echo ~9.1f calls/s~n",
+               [N, maps:get(integer_to_binary(N), C) * 1.0, maps:get(integer_to_binary(N), EC) * 1.0]) || N <- [1, 8, 64]],
+    io:format("  original per-call design: ~.1f calls/s (median ~.1f ms)~n",
+              [maps:get(seed_design_calls_per_s, R) * 1.0, maps:get(seed_design_median_ms, R) * 1.0]),
+    [io:format("  bulk ~3b MB: ~6.3f GB/s of payload            | echo ~6.3f GB/s~n",
+               [S, maps:get(integer_to_binary(S), B), maps:get(integer_to_binary(S), EB)]) || S <- Sizes],
+    io:format("  ratios: small p50 / echo p50 = ~.2f;  64 callers / original = ~.1fx;  bulk 64 MB / echo = ~p~n",
+              [maps:get(small_p50_over_echo, Q), maps:get(calls_64_over_seed, Q), maps:get(bulk_64mb_over_echo, Q)]).
