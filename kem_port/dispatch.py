@@ -2,7 +2,8 @@
 
 1. ``workgroups`` given by the caller: used as is, after a limit check.
 2. A 2-D workgroup (y > 1) with at least two param words: an image of
-   ``p0 x p1`` pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``.
+   ``p0 x p1`` pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``, refused when
+   ``p0 * p1`` exceeds the output's size in bytes.
 3. Otherwise one invocation per 4-byte output element:
    ``ceil(ceil(output_size / 4) / (wx*wy*wz))`` groups in x. Past the
    per-dimension limit the groups spill into y, which only a kernel that
@@ -48,6 +49,14 @@ def plan_dispatch(
         )
     wx, wy, wz = entry.workgroup_size
     if wy > 1 and len(param_words) >= 2:
+        pixels = param_words[0] * param_words[1]
+        if pixels > max(output_size, 1):
+            # Params are the caller's word: an image larger than its output
+            # would dispatch work without bound (every pixel past the output
+            # reads and writes out of range). One pixel per output byte at most.
+            raise too_large(
+                f"params describe a {param_words[0]}x{param_words[1]} image, more pixels than the output has bytes ({output_size})"
+            )
         groups = (_ceil_div(param_words[0], wx), _ceil_div(param_words[1], wy), 1)
         if groups[0] > top or groups[1] > top:
             raise too_large(f"image {param_words[0]}x{param_words[1]} needs {groups[:2]} workgroups; the device allows {top} per dimension")

@@ -188,7 +188,10 @@ class Router:
             action(executor)
             self.reply_ok(req_id, terms.atom("ok"))
 
-        self.gpu_queue.put(run)
+        try:
+            self.gpu_queue.put_nowait(run)
+        except queue.Full:
+            raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None
 
     # -- GPU thread -------------------------------------------------------
 

@@ -100,6 +100,7 @@ LIM = DispatchLimits(65535)
         ((64, 1, 1), 3, (), (1, 1, 1)),
         ((16, 16, 1), 4 * 1000, (), (4, 1, 1)),
         ((16, 16, 1), 4 * 17 * 33, (17, 33, 5), (2, 3, 1)),
+        ((16, 16, 1), 17 * 33, (17, 33), (2, 3, 1)),  # one byte a pixel
         ((16, 16, 1), 4 * 2000 * 2000, (2000, 2000), (125, 125, 1)),
         ((256, 1, 1), 4 * 256 * 65535, (), (65535, 1, 1)),
     ],
@@ -124,6 +125,9 @@ def test_dispatch_override_and_limits():
         plan_dispatch(ep((16, 16, 1)), 4, (16 * 70000, 1), None, LIM)
     with pytest.raises(KemError):
         plan_dispatch(ep(None), 4, (), None, LIM)
+    with pytest.raises(KemError) as err:  # an image larger than its output
+        plan_dispatch(ep((16, 16, 1)), 64, (10**6, 10**6), None, LIM)
+    assert err.value.reason == "too_large"
 
 
 def test_reflection_reads_entry_points_and_bindings():
