@@ -59,7 +59,11 @@ class BufferPool:
             return buf
         self.allocations += 1
         self.live_bytes += cls
-        return self._device.create_buffer(size=cls, usage=USAGES[kind], label=f"kem-{kind}")
+        buf = self._device.create_buffer(size=cls, usage=USAGES[kind], label=f"kem-{kind}")
+        # A serial never reused (unlike id()) lets callers cache objects
+        # that refer to this buffer, such as bind groups.
+        buf.kem_serial = self.allocations
+        return buf
 
     def give(self, kind: str, buf: wgpu.GPUBuffer) -> None:
         cls = buf.size

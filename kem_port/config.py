@@ -63,6 +63,7 @@ class Config:
     fetch_retries: int = 2
     test_hooks: bool = False
     gpu_timing: str = "auto"
+    shm_dir: Path | None = None
 
     @property
     def max_frame_bytes(self) -> int:
@@ -98,4 +99,5 @@ class Config:
             fetch_retries=_env_int(env, "KEM_FETCH_RETRIES", 2, 0),
             test_hooks=env.get("KEM_TEST_HOOKS") == "1",
             gpu_timing=_choice(env, "KEM_GPU_TIMING", ("auto", "on", "off")),
+            shm_dir=Path(env["KEM_SHM_DIR"]).resolve() if env.get("KEM_SHM_DIR") else None,
         )

@@ -33,6 +33,8 @@ STAGING_ALIGN = 256
 SMALL_RESULT = 64 * 1024  # copied out of the mapped buffer; larger ones are written from it
 MIN_UNIFORM_BYTES = 256
 PIPELINE_CACHE_SIZE = 256
+BIND_GROUP_CACHE_SIZE = 1024
+PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
 LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
 
 
@@ -51,6 +53,7 @@ class Pipeline:
     layout: wgpu.GPUBindGroupLayout
     entry: EntryPoint | None
     has_params: bool
+    serial: int  # never reused, unlike id(): keys the bind group cache
 
 
 @dataclass
@@ -60,8 +63,10 @@ class _Prepared:
     groups: tuple[int, int, int]
     in_size: int
     out_size: int
-    buffers: list[tuple[str, wgpu.GPUBuffer]] = field(default_factory=list)
-    staging_offset: int = 0
+    u_size: int = 0
+    in_offset: int = 0
+    out_offset: int = 0
+    u_offset: int = 0
 
 
 def _pad4(n: int) -> int:
@@ -116,6 +121,10 @@ class Executor:
         self.dispatch_limits = DispatchLimits()
         self.info: dict = {}
         self._query_set = None
+        self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
+        self._serial = 0
+        self.storage_align = 256
+        self.uniform_align = 256
 
     # -- life cycle -------------------------------------------------------
 
@@ -150,6 +159,9 @@ class Executor:
         self.dispatch_limits = DispatchLimits(int(limits["max-compute-workgroups-per-dimension"]))
         self.pool = BufferPool(self.device, self.config.pool_bytes, max_buffer)
         self._pipelines.clear()
+        self._bind_groups.clear()
+        self.storage_align = max(STAGING_ALIGN, int(limits["min-storage-buffer-offset-alignment"]))
+        self.uniform_align = max(STAGING_ALIGN, int(limits["min-uniform-buffer-offset-alignment"]))
         self.info = self._describe_adapter()
         self.stats.add_time("device_open", time.perf_counter() - started)
         log.info("using %s (%s)", self.info["name"], self.info["backend"])
@@ -170,6 +182,7 @@ class Executor:
         self.pool = None
         self._query_set = None
         self._pipelines.clear()
+        self._bind_groups.clear()
         try:
             if old is not None:
                 old.destroy()
@@ -232,7 +245,8 @@ class Executor:
         self.stats.inc("compiles")
         self.stats.add_time("compile", elapsed)
         log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
-        result = Pipeline(pipeline[0], pipeline[1], entry, has_params)
+        self._serial += 1
+        result = Pipeline(pipeline[0], pipeline[1], entry, has_params, self._serial)
         self._pipelines[key] = result
         while len(self._pipelines) > PIPELINE_CACHE_SIZE:
             self._pipelines.popitem(last=False)
@@ -280,7 +294,8 @@ class Executor:
             raise too_large(f"params of {len(call.params)} bytes exceed the uniform limit {self.uniform_limit}")
         pipeline = self.pipeline_for(job.source, call)
         groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, self.dispatch_limits)
-        return _Prepared(job, pipeline, groups, in_size, out_size)
+        u_size = max(_align(len(call.params), 16), MIN_UNIFORM_BYTES) if call.params is not None else 0
+        return _Prepared(job, pipeline, groups, in_size, out_size, u_size)
 
     # -- running a batch --------------------------------------------------
 
@@ -337,31 +352,52 @@ class Executor:
             job.fail(KemError("gpu_error", _naga_message(exc)))
 
     def _encode_submit_deliver(self, items: list[_Prepared]) -> None:
+        """One batch: packed buffers, one compute pass, one submit, one map.
+
+        wgpu-py costs ~20 us per native call on these machines, more than a
+        small kernel, so the batch is laid out to need few of them: all
+        inputs in one buffer (one upload for the small ones), all outputs in
+        one buffer (one clear, one copy to staging), params in one uniform
+        buffer, every dispatch in one compute pass. Per call that leaves a
+        bind group (cached), set_bind_group and dispatch.
+        """
         device = self._require_device()
         pool = self.pool
         assert pool is not None
         now = time.perf_counter()
         for item in items:
             self.stats.add_time("queue_wait", now - item.job.enqueued)
-        staging_size = 0
-        for item in items:
-            item.staging_offset = staging_size
-            staging_size += _align(item.out_size, STAGING_ALIGN)
-        timing = _Timing(self._query_set, pool, len(items), staging_size) if self._query_set else None
-        if timing is not None:
-            staging_size += _align(timing.size, STAGING_ALIGN)
-        staging = pool.take("staging", staging_size)
-        encoder = device.create_command_encoder()
+        plan = _BatchPlan(items, self.storage_align, self.uniform_align)
+        self.stats.inc("bytes_in", sum(len(item.job.call.input) for item in items))
+        in_buf = pool.take("input", plan.in_total)
+        out_buf = pool.take("output", plan.out_total)
+        u_buf = pool.take("uniform", plan.u_total) if plan.u_total else None
+        timing = _Timing(self._query_set, pool, plan.out_total) if self._query_set else None
+        staging = pool.take("staging", plan.out_total + (_align(timing.size, STAGING_ALIGN) if timing else 0))
+        taken = [("input", in_buf), ("output", out_buf), ("staging", staging)] + ([("uniform", u_buf)] if u_buf else [])
         try:
             upload_started = time.perf_counter()
-            for index, item in enumerate(items):
-                self._encode_one(device, pool, encoder, item, staging, timing.writes(index) if timing else None)
+            plan.upload(device.queue, in_buf, u_buf)
+            encoder = device.create_command_encoder()
+            # Pooled buffers hold earlier callers' bytes: clear what this
+            # batch binds, so a kernel that skips elements returns zeros.
+            encoder.clear_buffer(out_buf, 0, plan.out_total)
+            compute = encoder.begin_compute_pass(timestamp_writes=timing.writes()) if timing else encoder.begin_compute_pass()
+            current = None
+            for item in items:
+                if item.pipeline is not current:
+                    compute.set_pipeline(item.pipeline.pipeline)
+                    current = item.pipeline
+                compute.set_bind_group(0, self._bind_group(device, item, in_buf, out_buf, u_buf))
+                compute.dispatch_workgroups(*item.groups)
+            compute.end()
+            encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, plan.out_total)
             if timing is not None:
                 timing.resolve(encoder, staging)
             self.stats.add_time("upload_encode", time.perf_counter() - upload_started)
             gpu_started = time.perf_counter()
             device.queue.submit([encoder.finish()])
-            mapped = staging.map_async("READ_NOSYNC", 0, staging_size)
+            mapped = staging.map_async("READ_NOSYNC", 0, staging.size)
             # A blocking device poll returns when the GPU is done and runs the
             # map callback on this thread: measured 1.6x faster than map_sync,
             # which waits on wgpu-py's poller thread (docs/executor.md).
@@ -373,7 +409,7 @@ class Executor:
             try:
                 for item in items:
                     size = item.job.call.output_size
-                    view = staging.read_mapped(item.staging_offset, item.out_size, copy=False)
+                    view = staging.read_mapped(item.out_offset, item.out_size, copy=False)
                     if size <= SMALL_RESULT:
                         later.append((item, bytes(view[:size])))
                     else:
@@ -387,11 +423,8 @@ class Executor:
         finally:
             if timing is not None:
                 timing.release()
-            for item in items:
-                for kind, buf in item.buffers:
-                    pool.give(kind, buf)
-                item.buffers.clear()
-            pool.give("staging", staging)
+            for kind, buf in taken:
+                pool.give(kind, buf)
         self.stats.batch(len(items))
         # Small results go out last, once this thread's bookkeeping is done:
         # the caller's next request then finds the GPU thread already
@@ -400,38 +433,35 @@ class Executor:
             self._deliver(item, memoryview(data))
         self.stats.add_time("readback", time.perf_counter() - deliver_started)
 
+    def _bind_group(self, device, item: _Prepared, in_buf, out_buf, u_buf):
+        """Bind groups are cached by buffer serial, offsets and sizes: steady
+        traffic (same pooled buffers, same shapes) creates none."""
+        call = item.job.call
+        key = (
+            item.pipeline.serial, in_buf.kem_serial, item.in_offset, item.in_size,
+            out_buf.kem_serial, item.out_offset, item.out_size,
+            u_buf.kem_serial if call.params is not None else 0, item.u_offset, item.u_size,
+        )
+        group = self._bind_groups.get(key)
+        if group is not None:
+            self._bind_groups.move_to_end(key)
+            self.stats.inc("bind_group_hits")
+            return group
+        entries = [
+            {"binding": 0, "resource": {"buffer": in_buf, "offset": item.in_offset, "size": item.in_size}},
+            {"binding": 1, "resource": {"buffer": out_buf, "offset": item.out_offset, "size": item.out_size}},
+        ]
+        if call.params is not None:
+            entries.append({"binding": 2, "resource": {"buffer": u_buf, "offset": item.u_offset, "size": item.u_size}})
+        group = device.create_bind_group(layout=item.pipeline.layout, entries=entries)
+        self._bind_groups[key] = group
+        while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
+            self._bind_groups.popitem(last=False)
+        return group
+
     def _deliver(self, item: _Prepared, view: memoryview) -> None:
         self.stats.inc("bytes_out", len(view))
         item.job.reply(view)
-
-    def _encode_one(self, device, pool: BufferPool, encoder, item: _Prepared, staging, timestamp_writes=None) -> None:
-        call = item.job.call
-        in_buf = pool.take("input", item.in_size)
-        item.buffers.append(("input", in_buf))
-        _write_padded(device.queue, in_buf, call.input, item.in_size)
-        out_buf = pool.take("output", item.out_size)
-        item.buffers.append(("output", out_buf))
-        # Pooled buffers hold an earlier caller's bytes: clear what this
-        # call binds so a kernel that skips elements returns zeros, not them.
-        encoder.clear_buffer(out_buf, 0, item.out_size)
-        entries = [
-            {"binding": 0, "resource": {"buffer": in_buf, "offset": 0, "size": item.in_size}},
-            {"binding": 1, "resource": {"buffer": out_buf, "offset": 0, "size": item.out_size}},
-        ]
-        if call.params is not None:
-            u_size = max(_align(len(call.params), 16), MIN_UNIFORM_BYTES)
-            u_buf = pool.take("uniform", u_size)
-            item.buffers.append(("uniform", u_buf))
-            _write_padded(device.queue, u_buf, call.params, u_size)
-            entries.append({"binding": 2, "resource": {"buffer": u_buf, "offset": 0, "size": u_size}})
-        self.stats.inc("bytes_in", len(call.input))
-        bind_group = device.create_bind_group(layout=item.pipeline.layout, entries=entries)
-        compute = encoder.begin_compute_pass(timestamp_writes=timestamp_writes) if timestamp_writes else encoder.begin_compute_pass()
-        compute.set_pipeline(item.pipeline.pipeline)
-        compute.set_bind_group(0, bind_group)
-        compute.dispatch_workgroups(*item.groups)
-        compute.end()
-        encoder.copy_buffer_to_buffer(out_buf, 0, staging, item.staging_offset, item.out_size)
 
     def describe(self) -> dict:
         extra = {"pipelines_cached": len(self._pipelines)}
@@ -446,48 +476,85 @@ class Executor:
 
 
 class _Timing:
-    """GPU timestamps around each call's compute pass (timestamp-query).
-
-    Two u64 timestamps per pass are resolved into a buffer and copied behind
-    the results in the batch's staging buffer, so they come back with the
-    one map the batch already does.
+    """GPU timestamps at the start and end of the batch's compute pass
+    (timestamp-query), resolved and copied behind the results in the
+    staging buffer, so they come back with the map the batch already does.
     """
 
-    def __init__(self, query_set, pool: BufferPool, count: int, offset: int) -> None:
-        self.count = count
-        self.size = 16 * count
+    size = 16
+
+    def __init__(self, query_set, pool: BufferPool, offset: int) -> None:
         self.offset = offset
         self.pool = pool
         self.query_set = query_set
         self.resolved = pool.take("query", self.size)
 
-    def writes(self, index: int) -> dict:
-        return {"query_set": self.query_set, "beginning_of_pass_write_index": 2 * index,
-                "end_of_pass_write_index": 2 * index + 1}
+    def writes(self) -> dict:
+        return {"query_set": self.query_set, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
 
     def resolve(self, encoder, staging) -> None:
-        encoder.resolve_query_set(self.query_set, 0, 2 * self.count, self.resolved, 0)
+        encoder.resolve_query_set(self.query_set, 0, 2, self.resolved, 0)
         encoder.copy_buffer_to_buffer(self.resolved, 0, staging, self.offset, self.size)
 
     def read(self, staging) -> float:
-        """Seconds of GPU time summed over the batch's passes."""
-        view = staging.read_mapped(self.offset, self.size, copy=False)
-        stamps = view.cast("Q")
-        total = sum(max(0, stamps[2 * i + 1] - stamps[2 * i]) for i in range(self.count))
-        return total / 1e9
+        """Seconds of GPU time for the batch's pass."""
+        begin, end = staging.read_mapped(self.offset, self.size, copy=False).cast("Q")
+        return max(0, end - begin) / 1e9
 
     def release(self) -> None:
         self.pool.give("query", self.resolved)
 
 
-def _write_padded(queue, buf, data: bytes, padded: int) -> None:
-    """Upload data and zero the bytes up to `padded` without copying data."""
+class _BatchPlan:
+    """Where each call's input, output and params sit in the batch's shared
+    buffers (offsets aligned for binding), and the upload of them."""
+
+    def __init__(self, items: list[_Prepared], storage_align: int, uniform_align: int) -> None:
+        self.items = items
+        in_total = out_total = u_total = 0
+        for item in items:
+            item.in_offset, in_total = in_total, in_total + _align(item.in_size, storage_align)
+            item.out_offset, out_total = out_total, out_total + _align(item.out_size, storage_align)
+            if item.u_size:
+                item.u_offset, u_total = u_total, u_total + _align(item.u_size, uniform_align)
+        self.in_total, self.out_total, self.u_total = in_total, out_total, u_total
+
+    def upload(self, queue, in_buf, u_buf) -> None:
+        """Small inputs and all params go up as one write each, zero-padded;
+        large inputs are written from the caller's bytes without a copy."""
+        small_end = 0
+        large = []
+        for item in self.items:
+            if len(item.job.call.input) <= PACK_LIMIT:
+                small_end = item.in_offset + item.in_size
+            else:
+                large.append(item)
+        if small_end:
+            packed = bytearray(small_end)
+            for item in self.items:
+                data = item.job.call.input
+                if len(data) <= PACK_LIMIT:
+                    packed[item.in_offset : item.in_offset + len(data)] = data
+            queue.write_buffer(in_buf, 0, packed)
+        for item in large:  # after the packed write, which zeroed their range
+            _write_padded(queue, in_buf, item.job.call.input, item.in_offset, item.in_size)
+        if self.u_total:
+            params = bytearray(self.u_total)
+            for item in self.items:
+                if item.job.call.params is not None:
+                    params[item.u_offset : item.u_offset + len(item.job.call.params)] = item.job.call.params
+            queue.write_buffer(u_buf, 0, params)
+
+
+def _write_padded(queue, buf, data: bytes, offset: int, padded: int) -> None:
+    """Upload data at offset and zero the bytes up to `padded`, without
+    copying data (write_buffer reads the caller's buffer directly)."""
     body = len(data) // 4 * 4
     if body:
-        queue.write_buffer(buf, 0, data, 0, body)
+        queue.write_buffer(buf, offset, data, 0, body)
     tail = padded - body
     if tail:
-        queue.write_buffer(buf, body, data[body:] + bytes(tail - (len(data) - body)))
+        queue.write_buffer(buf, offset + body, bytes(data[body:]) + bytes(tail - (len(data) - body)))
 
 
 def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:

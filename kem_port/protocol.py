@@ -8,6 +8,7 @@ docs/protocol.md is the normative description.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_REQ_ID = (1 << 64) - 1
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "adapter_info", "stats", "config", "test_hook")
-EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,12 @@ class Call:
 @dataclass(frozen=True)
 class KernelCall:
     kernel_id: str
-    input: bytes
+    input: bytes | memoryview
     output_size: int
     params: bytes | None = None
     workgroups: tuple[int, int, int] | None = None
     entry_point: str = "main"
+    output_path: str | None = None  # result goes to this shared-memory file
 
     @property
     def param_words(self) -> tuple[int, ...]:
@@ -98,11 +100,48 @@ def _positive_int(value: Any, what: str, maximum: int) -> int:
     return value
 
 
-def _input(value: Any, config: Config) -> bytes:
+def _input(value: Any, config: Config) -> bytes | memoryview:
+    if isinstance(value, tuple) and len(value) == 2 and atom_name(value[0]) == "shm":
+        return _shm_input(value[1], config)
     data = _binary(value, "Input")
     if len(data) > config.max_input_bytes:
         raise too_large(f"input of {len(data)} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
     return data
+
+
+def shm_path(value: Any, config: Config) -> str:
+    """A file the node put in its shared-memory directory (KEM_SHM_DIR),
+    and nowhere else: the path must resolve inside that directory."""
+    raw = binary_bytes(value)
+    if config.shm_dir is None or raw is None:
+        raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
+    path = os.path.realpath(raw.decode("utf-8", "replace"))
+    if os.path.dirname(path) != str(config.shm_dir):
+        raise bad_args("shared-memory path is outside KEM_SHM_DIR")
+    return path
+
+
+def _shm_input(value: Any, config: Config) -> memoryview:
+    path = shm_path(value, config)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size > config.max_input_bytes:
+            raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                raise bad_args("shared-memory input shrank while being read")
+            got += n
+        return view
+    finally:
+        os.close(fd)
 
 
 def _params(value: Any, config: Config) -> bytes:
@@ -187,4 +226,5 @@ def _execute_opts(kid: str, data: bytes, opts: Any, config: Config) -> KernelCal
     params = _params(named["params"], config) if "params" in named else None
     groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
     entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
-    return KernelCall(kid, data, size, params, groups, entry)
+    out_path = shm_path(named["output_shm"], config) if "output_shm" in named else None
+    return KernelCall(kid, data, size, params, groups, entry, out_path)

@@ -12,6 +12,7 @@ backlog.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -154,7 +155,7 @@ class Router:
         job = Job(
             call=call,
             source=source,
-            reply=lambda view, r=req_id: self.writer.write(terms.ok_binary_reply(r, view)),
+            reply=lambda view, r=req_id, c=call: self._reply_result(r, c, view),
             fail=lambda err, r=req_id: self.reply_error(r, err),
         )
         try:
@@ -164,6 +165,26 @@ class Router:
             raise RequestError(
                 req_id, KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port")
             ) from None
+
+    def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
+        if call.output_path is None:
+            self.writer.write(terms.ok_binary_reply(req_id, view))
+            return
+        # The node named a file in its shared-memory directory: the result
+        # goes there (one copy from the mapped staging buffer into tmpfs)
+        # and the reply carries only its size. The node deletes the file.
+        try:
+            fd = os.open(call.output_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.reply_error(req_id, KemError("shm_error", f"cannot write the result: {exc.strerror}"))
+            return
+        self.writer.write([terms.ok_reply(req_id, (terms.atom("shm"), call.output_path, len(view)))])
 
     def _test_hook(self, req_id: int, args: tuple) -> None:
         if not self.config.test_hooks:

@@ -111,3 +111,32 @@ def test_output_is_cleared_between_callers(port, rng):
     port.call("execute_kernel", b"double", secret, 1)
     part = port.call("execute", b"double", bytes(4096), {"workgroups": (1, 1, 1)})
     assert part == bytes(4096)
+
+
+def test_mixed_batches(port, rng):
+    """Calls queued together share one batch: packed small inputs, large
+    ones uploaded apart, params, and three pipelines in one compute pass."""
+    from concurrent.futures import wait
+
+    port.call_async("test_hook", __import__("kem_port.terms", fromlist=["atom"]).atom("sleep_gpu"), 300)
+    expected, futures = [], []
+    for i in range(30):
+        kind = i % 3
+        if kind == 0:
+            data = rng.integers(0, 256, int(rng.choice([3, 1000, 300_000, 1 << 20])), dtype=np.uint8).tobytes()
+            futures.append(port.call_async("execute_kernel", b"double", data, 2))
+            expected.append(reference.double(data, 2 * len(data)))
+        elif kind == 1:
+            w, h, p = int(rng.integers(1, 90)), int(rng.integers(1, 90)), int(rng.integers(1, 9))
+            image = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+            futures.append(port.call_async("execute_kernel_with_params", b"pixelize", image.tobytes(), params(w, h, p, 0)))
+            expected.append(reference.pixelize(image, p).tobytes())
+        else:
+            w, h = int(rng.integers(1, 90)), int(rng.integers(1, 90))
+            seed, strength = int(rng.integers(0, 2**32)), int(rng.integers(0, 30))
+            image = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+            futures.append(port.call_async("execute", b"glitch", image.tobytes(), {"params": params(w, h, seed, strength)}))
+            expected.append(reference.glitch(image, seed, strength).tobytes())
+    wait(futures, timeout=120)
+    for want, fut in zip(expected, futures):
+        assert fut.result() == want

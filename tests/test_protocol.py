@@ -237,3 +237,26 @@ def test_erl_made_frames_are_understood(tmp_path):
     assert terms.binary_bytes(replies[2][1]) == bytes([2, 6, 10, 14])
     assert terms.binary_bytes(replies[3][1]) == __import__("reference").double(b"\x01\x02\x03\x04\x05", 10)
     assert terms.atom_name(replies[2**64 - 1][1]) == "pong"
+
+
+def test_shared_memory_transfer(tmp_path, rng):
+    """{shm, Path} input and output_shm, as Erlang's kem_shm sends them; paths
+    outside KEM_SHM_DIR are refused."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    data = rng.integers(0, 256, 3 * 1024 * 1024 + 3, dtype=np.uint8).tobytes()
+    (shm / "1.in").write_bytes(data)
+    (tmp_path / "outside.in").write_bytes(data)
+    with start_port(KEM_SHM_DIR=str(shm)) as port:
+        got = port.call("execute", b"double", (terms.atom("shm"), str(shm / "1.in").encode()),
+                        {"output_size_hint": 2, "output_shm": str(shm / "1.out").encode()})
+        assert terms.atom_name(got[0]) == "shm" and got[2] == 2 * len(data)
+        assert (shm / "1.out").read_bytes() == __import__("reference").double(data, 2 * len(data))
+        for bad in (str(tmp_path / "outside.in"), str(shm / ".." / "outside.in"), str(shm / "missing.in")):
+            reason, _ = error_of(port, "execute", b"double", (terms.atom("shm"), bad.encode()), {})
+            assert reason == "bad_args"
+        reason, _ = error_of(port, "execute", b"double", b"abcd", {"output_shm": str(tmp_path / "x.out").encode()})
+        assert reason == "bad_args"
+    with start_port() as port:  # no KEM_SHM_DIR: no shared memory at all
+        reason, _ = error_of(port, "execute", b"double", (terms.atom("shm"), str(shm / "1.in").encode()), {})
+        assert reason == "bad_args"

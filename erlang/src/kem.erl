@@ -48,7 +48,7 @@ ping() ->
 -spec call(atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Method, Args, Timeout) ->
     case next_port() of
-        {ok, Port} -> kem_port:call(Port, Method, Args, Timeout);
+        {ok, Port} -> kem_shm:call(Port, Method, Args, Timeout);
         Error -> Error
     end.
 

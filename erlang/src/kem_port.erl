@@ -293,7 +293,11 @@ port_env(Index) ->
                                      {ok, V} <- [application:get_env(kem, Key)],
                                      V =/= undefined],
     Extra = [{env_value(K), env_value(V)} || {K, V} <- application:get_env(kem, port_env, [])],
-    [{"KEM_PORT_INDEX", integer_to_list(Index)} | Mapped ++ Extra].
+    Shm = case filelib:is_dir(kem_shm:dir()) of
+        true -> [{"KEM_SHM_DIR", kem_shm:dir()}];
+        false -> []
+    end,
+    [{"KEM_PORT_INDEX", integer_to_list(Index)} | Shm ++ Mapped ++ Extra].
 
 env_value(V) when is_list(V) ->
     case io_lib:printable_unicode_list(V) of

@@ -15,6 +15,7 @@ port_names() ->
     [port_name(I) || I <- lists:seq(1, port_count())].
 
 init([]) ->
+    ok = kem_shm:init(),
     Count = port_count(),
     Counter = atomics:new(1, [{signed, false}]),
     persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),

@@ -20,7 +20,10 @@ kem_test_() ->
       {timeout, 300, fun fifty_callers_twenty_calls_each/0},
       {timeout, 120, fun kill_port_with_calls_in_flight/0},
       {timeout, 120, fun call_outliving_its_timeout/0},
-      {timeout, 60, fun stats_count_calls/0}]}.
+      {timeout, 60, fun stats_count_calls/0},
+      {timeout, 120, fun large_payloads_go_through_shared_memory/0},
+      {timeout, 120, fun shared_memory_files_removed_when_port_killed/0},
+      {timeout, 60, fun stale_shared_memory_dirs_are_swept/0}]}.
 
 start() ->
     ok = application:load(kem),
@@ -157,6 +160,52 @@ find_up(Dir) ->
         true -> Dir;
         false -> find_up(filename:dirname(Dir))
     end.
+
+%%% shared-memory side channel
+
+shm_files() ->
+    {ok, Files} = file:list_dir(kem_shm:dir()),
+    Files.
+
+large_payloads_go_through_shared_memory() ->
+    {ok, #{kem_port_1 := Before}} = kem:stats(),
+    Input = random_bytes((3 bsl 20) + 5),
+    ?assertEqual(double_ref(Input, byte_size(Input) * 2), kem_nif:execute_kernel(?DOUBLE, Input, 2)),
+    ?assertEqual({ok, double_ref(Input, 7)}, kem:execute(?DOUBLE, Input, #{output_size => 7})),
+    {W, H} = {1024, 1024},
+    Image = binary:copy(<<9, 8, 7, 6>>, W * H),
+    ?assertEqual(Image, kem_nif:execute_kernel_with_params(<<"pixelize">>, Image,
+                                                           <<W:32/little, H:32/little, 4:32/little, 0:32>>)),
+    ?assertEqual([], shm_files()),
+    {ok, #{kem_port_1 := After}} = kem:stats(),
+    %% The inputs did not cross the pipe: the port read them from files.
+    ?assert(maps:get(bytes_in, After) - maps:get(bytes_in, Before) >= 3 * (3 bsl 20)),
+    %% Errors come back the same way, files gone too.
+    ?assertMatch({error, {kernel_not_found, _}}, kem:execute(<<"nope">>, Input, #{})),
+    ?assertEqual([], shm_files()).
+
+shared_memory_files_removed_when_port_killed() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    Parent = self(),
+    Big = random_bytes(32 bsl 20),
+    Callers = [spawn_link(fun() -> Parent ! {self(), kem:execute(?DOUBLE, Big, #{})} end) || _ <- lists:seq(1, 4)],
+    timer:sleep(150),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    Results = [receive {P, R} -> R after 20000 -> no_reply end || P <- Callers],
+    ?assertEqual([], [R || R <- Results, R =:= no_reply]),
+    ?assertEqual([], [R || {ok, Out} = R <- Results, Out =/= double_ref(Big, byte_size(Big))]),
+    ?assertEqual([], shm_files()),
+    ?assertEqual(ok, wait_for_service(5000)).
+
+stale_shared_memory_dirs_are_swept() ->
+    %% A directory left by a node that died (no such process) goes at start.
+    Stale = "/dev/shm/kem-999999999",
+    ok = filelib:ensure_dir(filename:join(Stale, "x")),
+    ok = file:write_file(filename:join(Stale, "1.in"), <<"left behind">>),
+    ok = kem_shm:init(),
+    ?assertNot(filelib:is_dir(Stale)),
+    ?assert(filelib:is_dir(kem_shm:dir())).
 
 %%% concurrency and faults
 
