@@ -113,8 +113,11 @@ def test_port_exits_on_eof_even_inside_a_kernel_that_never_ends(kernel_dir):
     time.sleep(1.0)
     assert not stuck.done()
     started = time.monotonic()
-    assert port.close(timeout=10) == 0
-    assert time.monotonic() - started < 2.0
+    assert port.close(timeout=30) == 0
+    # The reader thread exits at once; the process is gone when the driver
+    # has torn down its GPU context. lavapipe: well under 2 s. NVIDIA H200:
+    # 5.4 s measured with this kernel still running (docs/reliability.md).
+    assert time.monotonic() - started < 15.0
     with pytest.raises(PortError):
         stuck.result(timeout=5)
     _ = erlang
