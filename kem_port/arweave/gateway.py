@@ -16,17 +16,15 @@ from dataclasses import dataclass
 
 import requests
 
+from kem_port.errors import KemError
 from kem_port.arweave.proofs import Proven, ProofError, parse_item_header, verify_item, verify_l1_data, verify_l1_header
 
 HEADER_CAP = 64 * 1024
 TRANSIENT = (requests.ConnectionError, requests.Timeout)
 
 
-class GatewayError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class GatewayError(KemError):
+    """One gateway failed for one kernel (HTTP, timeout or proof)."""
 
 
 @dataclass(frozen=True)

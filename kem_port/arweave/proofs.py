@@ -20,16 +20,14 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
 from kem_port.arweave.deephash import deep_hash
 from kem_port.arweave.ids import BadEncoding, b64url_decode, b64url_encode
 from kem_port.arweave.merkle import client_chunks, data_root, plain_chunks
+from kem_port.errors import KemError
 
 RSA_E = 65537
 ANS104_TYPES = {1: ("rsa", 512, 512), 2: ("ed25519", 64, 32)}
 
 
-class ProofError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class ProofError(KemError):
+    """A proof check failed; reason is one of the README's Arweave reasons."""
 
 
 @dataclass(frozen=True)
