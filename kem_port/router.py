@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kem_port import terms
+from kem_port.batching import BatchSizer
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.executor import Executor, Job
@@ -33,6 +34,7 @@ log = logging.getLogger("kem_port.router")
 
 Control = Callable[[Executor], None]
 BATCH_BYTES = 64 << 20
+SMALL_CALL = 64 << 10  # batches of calls this small teach the batch sizer
 
 
 class Router:
@@ -52,6 +54,7 @@ class Router:
         self.gpu_queue: queue.Queue[Job | Control] = queue.Queue(maxsize=config.queue_limit)
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kem-fetch")
         self._gpu_thread = threading.Thread(target=self._gpu_loop, name="kem-gpu", daemon=True)
+        self.sizer = BatchSizer(config.max_batch)
 
     def start(self) -> None:
         self._gpu_thread.start()
@@ -121,7 +124,7 @@ class Router:
         }
 
     def _live_stats(self) -> dict:
-        live: dict[str, Any] = {"queue_depth": self.gpu_queue.qsize()}
+        live: dict[str, Any] = {"queue_depth": self.gpu_queue.qsize(), "batch_cap": self.sizer.limit()}
         live.update(self.executor.describe())
         if self.resolver.remote is not None:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
@@ -223,20 +226,24 @@ class Router:
                 self._run_control(first)
                 continue
             batch, control = self._drain(first)
+            started = time.perf_counter()
             try:
                 self.executor.run(batch)
             except Exception as exc:  # a bug must not kill the GPU thread
                 log.exception("executor failed")
                 for job in batch:
                     job.fail(KemError("internal", f"{type(exc).__name__}: {exc}"))
+            small = all(job.call.output_size <= SMALL_CALL and len(job.call.input) <= SMALL_CALL for job in batch)
+            self.sizer.record(len(batch), time.perf_counter() - started, small)
             if control is not None:
                 self._run_control(control)
 
     def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
-        """Take what is already queued, up to max_batch calls and BATCH_BYTES."""
+        """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""
         batch = [first]
         total = first.call.output_size
-        while len(batch) < self.config.max_batch and total < BATCH_BYTES:
+        cap = self.sizer.limit()
+        while len(batch) < cap and total < BATCH_BYTES:
             try:
                 item = self.gpu_queue.get_nowait()
             except queue.Empty:

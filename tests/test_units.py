@@ -152,3 +152,26 @@ def test_reflection_reads_entry_points_and_bindings():
         (1, "storage", "read_write"),
         (2, "uniform", ""),
     ]
+
+
+def _train(sizer, cost_of, rounds=400):
+    from kem_port.batching import BatchSizer  # noqa: F401
+
+    for _ in range(rounds):
+        n = sizer.limit()  # under load every batch arrives full
+        sizer.record(n, cost_of(n) * n / 1e6, small=True)
+    return sizer.limit()
+
+
+def test_batch_sizer_finds_the_cliff():
+    from kem_port.batching import BatchSizer
+
+    # The H200's measured shape: cheaper per call up to 16, a cliff at 32.
+    h200 = {1: 280, 2: 184, 4: 96, 8: 67, 16: 55, 32: 347, 64: 183, 128: 98, 256: 66}
+    assert _train(BatchSizer(64), lambda n: h200[n]) == 16
+    # Costs that keep falling: the cap grows to the configured maximum.
+    assert _train(BatchSizer(64), lambda n: 400 / n ** 0.5) == 64
+    # Large calls teach it nothing.
+    sizer = BatchSizer(64)
+    sizer.record(8, 1.0, small=False)
+    assert sizer.cost == {}
