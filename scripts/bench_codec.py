@@ -8,7 +8,6 @@ Prints a table; no timed assertions.
 from __future__ import annotations
 
 import statistics
-import struct
 import time
 
 import erlang
@@ -67,7 +66,6 @@ def main() -> None:
             print(f"{name}: trailing bytes ACCEPTED")
         except Exception as exc:
             print(f"{name}: trailing bytes refused ({type(exc).__name__})")
-    _ = struct
 
 
 if __name__ == "__main__":

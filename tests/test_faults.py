@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import wait
 
-import erlang
 import numpy as np
 import pytest
 
@@ -120,4 +119,3 @@ def test_port_exits_on_eof_even_inside_a_kernel_that_never_ends(kernel_dir):
     assert time.monotonic() - started < 15.0
     with pytest.raises(PortError):
         stuck.result(timeout=5)
-    _ = erlang
