@@ -212,7 +212,10 @@ kill_later(undefined) -> ok;
 kill_later(OsPid) ->
     spawn(fun() ->
         timer:sleep(2000),
-        os:cmd("kill -9 " ++ integer_to_list(OsPid) ++ " 2>/dev/null")
+        %% Only if that pid is still a kem port: after 2 s it may belong to
+        %% another process.
+        P = integer_to_list(OsPid),
+        os:cmd("grep -qs kem_port /proc/" ++ P ++ "/cmdline && kill -9 " ++ P ++ " 2>/dev/null")
     end).
 
 os_pid_of(Port) ->
