@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kem_port import terms
-from kem_port.framing import HEADER
+from kem_port.framing import HEADER, read_frame
 
 
 class PortError(Exception):
@@ -63,21 +63,10 @@ class PortClient:
     def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
         return self.call_async(method, *args).result(timeout)
 
-    def _read_exact(self, n: int) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.proc.stdout.read(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
-
     def _read_loop(self) -> None:
+        fd = self.proc.stdout.fileno()
         while True:
-            header = self._read_exact(4)
-            if header is None:
-                break
-            body = self._read_exact(HEADER.unpack(header)[0])
+            body = read_frame(fd, 1 << 40)
             if body is None:
                 break
             self._dispatch(terms.decode(body))

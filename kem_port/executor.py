@@ -150,9 +150,7 @@ class Executor:
         self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features, label="kem")
         # One query set for the device's life: creating one per batch cost
         # ~250 us a small call on lavapipe.
-        self._query_set = (
-            self.device.create_query_set(type="timestamp", count=2 * self.config.max_batch) if features else None
-        )
+        self._query_set = self.device.create_query_set(type="timestamp", count=2) if features else None
         max_buffer = int(limits["max-buffer-size"])
         self.binding_limit = min(int(limits["max-storage-buffer-binding-size"]), max_buffer)
         self.uniform_limit = int(limits["max-uniform-buffer-binding-size"])
@@ -407,16 +405,19 @@ class Executor:
             deliver_started = time.perf_counter()
             later: list[tuple[_Prepared, bytes]] = []
             try:
+                # One view of the whole mapped range (each read_mapped is a
+                # native call); every caller's result is a slice of it.
+                mapped_view = staging.read_mapped(0, staging.size, copy=False)
                 for item in items:
                     size = item.job.call.output_size
-                    view = staging.read_mapped(item.out_offset, item.out_size, copy=False)
+                    view = mapped_view[item.out_offset : item.out_offset + size]
                     if size <= SMALL_RESULT:
-                        later.append((item, bytes(view[:size])))
+                        later.append((item, bytes(view)))
                     else:
                         # Large: straight from mapped memory to the pipe.
-                        self._deliver(item, view[:size])
+                        self._deliver(item, view)
                 if timing is not None:
-                    self.stats.add_time("gpu_kernel", timing.read(staging))
+                    self.stats.add_time("gpu_kernel", timing.read(mapped_view))
                     self.stats.inc("gpu_kernel_samples", len(items))
             finally:
                 staging.unmap()
@@ -496,9 +497,9 @@ class _Timing:
         encoder.resolve_query_set(self.query_set, 0, 2, self.resolved, 0)
         encoder.copy_buffer_to_buffer(self.resolved, 0, staging, self.offset, self.size)
 
-    def read(self, staging) -> float:
-        """Seconds of GPU time for the batch's pass."""
-        begin, end = staging.read_mapped(self.offset, self.size, copy=False).cast("Q")
+    def read(self, mapped: memoryview) -> float:
+        """Seconds of GPU time for the batch's pass, from the mapped staging."""
+        begin, end = mapped[self.offset : self.offset + self.size].cast("Q")
         return max(0, end - begin) / 1e9
 
     def release(self) -> None:
@@ -511,9 +512,14 @@ class _BatchPlan:
 
     def __init__(self, items: list[_Prepared], storage_align: int, uniform_align: int) -> None:
         self.items = items
+        # Small inputs first, so the packed upload covers them and nothing else.
+        self.small = [i for i in items if len(i.job.call.input) <= PACK_LIMIT]
+        self.large = [i for i in items if len(i.job.call.input) > PACK_LIMIT]
         in_total = out_total = u_total = 0
-        for item in items:
+        for item in self.small + self.large:
             item.in_offset, in_total = in_total, in_total + _align(item.in_size, storage_align)
+        self.small_end = self.small[-1].in_offset + self.small[-1].in_size if self.small else 0
+        for item in items:
             item.out_offset, out_total = out_total, out_total + _align(item.out_size, storage_align)
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + _align(item.u_size, uniform_align)
@@ -522,21 +528,12 @@ class _BatchPlan:
     def upload(self, queue, in_buf, u_buf) -> None:
         """Small inputs and all params go up as one write each, zero-padded;
         large inputs are written from the caller's bytes without a copy."""
-        small_end = 0
-        large = []
-        for item in self.items:
-            if len(item.job.call.input) <= PACK_LIMIT:
-                small_end = item.in_offset + item.in_size
-            else:
-                large.append(item)
-        if small_end:
-            packed = bytearray(small_end)
-            for item in self.items:
-                data = item.job.call.input
-                if len(data) <= PACK_LIMIT:
-                    packed[item.in_offset : item.in_offset + len(data)] = data
+        if self.small:
+            packed = bytearray(self.small_end)
+            for item in self.small:
+                packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
             queue.write_buffer(in_buf, 0, packed)
-        for item in large:  # after the packed write, which zeroed their range
+        for item in self.large:
             _write_padded(queue, in_buf, item.job.call.input, item.in_offset, item.in_size)
         if self.u_total:
             params = bytearray(self.u_total)

@@ -86,13 +86,14 @@ class FrameWriter:
         views = [memoryview(HEADER.pack(total))] + [memoryview(p).cast("B") for p in parts]
         with self._lock:
             try:
-                _writev_all(self._fd, views)
+                write_all(self._fd, views)
             except (BrokenPipeError, ConnectionResetError):
                 # The node closed our output: nobody is left to answer.
                 os._exit(0)
 
 
-def _writev_all(fd: int, views: list[memoryview]) -> None:
+def write_all(fd: int, views: list[memoryview]) -> None:
+    """Write every byte of views, resuming after partial writes."""
     while views:
         written = os.writev(fd, views)
         while views and written >= len(views[0]):

@@ -25,7 +25,7 @@ from kem_port.batching import BatchSizer
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.executor import Executor, Job
-from kem_port.framing import FrameWriter
+from kem_port.framing import FrameWriter, write_all
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.protocol import INLINE_METHODS, KERNEL_METHODS, KernelCall, RequestError, kernel_call, parse_call
 from kem_port.stats import Stats
@@ -33,8 +33,13 @@ from kem_port.stats import Stats
 log = logging.getLogger("kem_port.router")
 
 Control = Callable[[Executor], None]
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 64 << 20  # of input or output, whichever is larger, per batch
 SMALL_CALL = 64 << 10  # batches of calls this small teach the batch sizer
+
+
+def _call_bytes(job: Job) -> int:
+    """What a call puts in a batch's buffers: the larger of input and output."""
+    return max(job.call.output_size, len(job.call.input))
 
 
 class Router:
@@ -179,9 +184,7 @@ class Router:
         try:
             fd = os.open(call.output_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
-                written = 0
-                while written < len(view):
-                    written += os.write(fd, view[written:])
+                write_all(fd, [view])
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -233,7 +236,7 @@ class Router:
                 log.exception("executor failed")
                 for job in batch:
                     job.fail(KemError("internal", f"{type(exc).__name__}: {exc}"))
-            small = all(job.call.output_size <= SMALL_CALL and len(job.call.input) <= SMALL_CALL for job in batch)
+            small = all(_call_bytes(job) <= SMALL_CALL for job in batch)
             self.sizer.record(len(batch), time.perf_counter() - started, small)
             if control is not None:
                 self._run_control(control)
@@ -241,7 +244,7 @@ class Router:
     def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
         """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""
         batch = [first]
-        total = first.call.output_size
+        total = _call_bytes(first)
         cap = self.sizer.limit()
         while len(batch) < cap and total < BATCH_BYTES:
             try:
@@ -251,7 +254,7 @@ class Router:
             if not isinstance(item, Job):
                 return batch, item
             batch.append(item)
-            total += item.call.output_size
+            total += _call_bytes(item)
         return batch, None
 
     def _run_control(self, control: Control) -> None:

@@ -33,7 +33,7 @@ dir() ->
 -spec call(atom() | pid(), atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Port, Method, Args, Timeout) ->
     case as_execute(Method, Args) of
-        {ok, Kernel, Input, Opts} when byte_size(Input) >= 0 ->
+        {ok, Kernel, Input, Opts} ->
             case use_shm(Input) of
                 true -> via_files(Port, Kernel, Input, Opts, Timeout);
                 false -> kem_port:call(Port, Method, Args, Timeout)
