@@ -4,7 +4,8 @@
 nothing lives in module globals, so a process could hold several executors
 (one per GPU) later. ``run(jobs)`` encodes a batch of calls into one command
 encoder, submits once, waits once and hands each caller a view of its bytes
-in the mapped staging buffer (docs/executor.md).
+in the mapped staging buffer; ``step`` does the same for a stream of
+batches, each encoded while the one before it computes (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ class Job:
     reply: Callable[[memoryview], None]
     fail: Callable[[KemError], None]
     enqueued: float = field(default_factory=time.perf_counter)
+    answered: bool = False
+
+    def answer(self, view: memoryview) -> None:
+        """Hand the caller its result, unless it was already answered."""
+        if not self.answered:
+            self.answered = True
+            self.reply(view)
+
+    def refuse(self, error: KemError) -> None:
+        """Hand the caller an error, unless it was already answered."""
+        if not self.answered:
+            self.answered = True
+            self.fail(error)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,34 @@ class _Prepared:
     in_offset: int = 0
     out_offset: int = 0
     u_offset: int = 0
+
+
+@dataclass
+class Flight:
+    """One batch from encoding to delivery. Its pooled buffers stay out of
+    the pool until it lands, so the next batch encodes into others."""
+
+    items: list[_Prepared]
+    device: wgpu.GPUDevice
+    pool: BufferPool
+    taken: list[tuple[str, wgpu.GPUBuffer]] = field(default_factory=list)
+    staging: wgpu.GPUBuffer | None = None
+    timing: _Timing | None = None
+    commands: wgpu.GPUCommandBuffer | None = None  # until submitted
+    mapped: object = None  # the staging map's promise, once submitted
+    spent: float = 0.0  # seconds this thread spent on it, waiting included
+
+    def cost(self) -> float:
+        return self.spent
+
+    @property
+    def jobs(self) -> list[Job]:
+        return [item.job for item in self.items]
+
+    def take(self, kind: str, size: int) -> wgpu.GPUBuffer:
+        buf = self.pool.take(kind, size)
+        self.taken.append((kind, buf))
+        return buf
 
 
 def _pad4(n: int) -> int:
@@ -226,6 +268,11 @@ class Executor:
             shape = self._shapes[source.sha256] = reflect(source.text)
         return shape
 
+    def is_warm(self, source: KernelSource, call: KernelCall) -> bool:
+        """Whether a call would find its device open and pipeline compiled."""
+        key = (source.sha256, call.entry_point, call.params is not None)
+        return self.device is not None and key in self._pipelines
+
     def pipeline_for(self, source: KernelSource, call: KernelCall) -> Pipeline:
         has_params = call.params is not None
         key = (source.sha256, call.entry_point, has_params)
@@ -295,51 +342,112 @@ class Executor:
         u_size = max(_align(len(call.params), 16), MIN_UNIFORM_BYTES) if call.params is not None else 0
         return _Prepared(job, pipeline, groups, in_size, out_size, u_size)
 
-    # -- running a batch --------------------------------------------------
+    # -- running batches --------------------------------------------------
+    #
+    # A batch goes through four stages: encode (buffers, upload, commands),
+    # submit (one submit and the staging map), wait (a blocking poll) and
+    # deliver (each caller's slice of the mapped staging). step() overlaps
+    # two batches: the next one is encoded while the previous one computes,
+    # and the previous one is delivered while the next one computes. The
+    # next batch is submitted only after the previous one's wait, because
+    # wgpu-py's blocking poll waits for everything submitted (it passes no
+    # submission index).
 
     def run(self, jobs: list[Job]) -> None:
-        """Run jobs; each job's reply or fail is called exactly once."""
+        """Run jobs to the end; each job is answered exactly once."""
+        flight = self.step(None, jobs)
+        while flight is not None:
+            flight = self.step(flight, [])
+
+    def step(self, previous: Flight | None, jobs: list[Job]) -> Flight | None:
+        """Encode jobs while `previous` is on the GPU, land `previous`, and
+        return the new batch, submitted and still in flight (or None).
+
+        `previous` always lands here: every one of its callers has been
+        answered when step returns.
+        """
+        ready = self._prepare_all(jobs)
+        flight: Flight | None = None
+        if ready:
+            try:
+                flight = self._encode(ready)
+            except Exception as exc:
+                self._land(previous)
+                previous = None
+                self._recover(ready, exc)
+        if previous is not None and not self._wait(previous):
+            if flight is not None and self.device is not flight.device:
+                self._fail_flight(flight, KemError("device_lost", "the GPU device was lost before this batch ran"))
+                flight = None
+            previous = None
+        if flight is not None:
+            try:
+                self._submit(flight)
+            except Exception as exc:
+                self._land(previous)
+                previous = None
+                self._release(flight)
+                self._recover(flight.items, exc)
+                flight = None
+        if previous is not None:
+            self._deliver_flight(previous)
+        return flight
+
+    def _land(self, flight: Flight | None) -> None:
+        """Wait for a submitted batch and answer its callers."""
+        if flight is not None and self._wait(flight):
+            self._deliver_flight(flight)
+
+    def _prepare_all(self, jobs: list[Job]) -> list[_Prepared]:
+        """Check and compile for each call; a call that fails alone is answered now."""
+        if not jobs:
+            return []
         if self.device is None:
             try:
                 self.open()
             except Exception as exc:  # report, keep serving non-GPU calls
                 error = exc if isinstance(exc, KemError) else KemError("no_adapter", str(exc))
                 for job in jobs:
-                    job.fail(error)
-                return
+                    job.refuse(error)
+                return []
         ready: list[_Prepared] = []
         for job in jobs:
             if job.call.output_size == 0:
-                job.reply(memoryview(b""))
+                job.answer(memoryview(b""))
                 continue
             try:
                 ready.append(self.prepare(job))
             except KemError as exc:
-                job.fail(exc)
+                job.refuse(exc)
             except wgpu.GPUError as exc:
                 self._gpu_failure([job], exc)
-        if ready:
-            self._run_prepared(ready)
+        return ready
 
-    def _run_prepared(self, items: list[_Prepared]) -> None:
-        try:
-            self._encode_submit_deliver(items)
-        except KemError as exc:
-            for item in items:
-                item.job.fail(exc)
-        except Exception as exc:  # wgpu raised for the batch as a whole
-            if len(items) > 1 and not is_device_lost(exc):
-                # Find the offender: run each alone so the others still succeed.
-                for item in items:
-                    self._run_prepared([item])
-                return
+    def _recover(self, items: list[_Prepared], exc: BaseException) -> None:
+        """A batch failed as a whole (nothing in flight now): if the device
+        lives, run each call alone so one bad call cannot fail the others."""
+        if len(items) == 1 or is_device_lost(exc):
             self._gpu_failure([i.job for i in items], exc)
+            return
+        for item in items:
+            try:
+                single = self._encode([item])
+            except Exception as one_exc:
+                self._gpu_failure([item.job], one_exc)
+                continue
+            try:
+                self._submit(single)
+            except Exception as one_exc:
+                self._release(single)
+                self._gpu_failure([item.job], one_exc)
+                continue
+            self._land(single)
 
     def _gpu_failure(self, jobs: list[Job], exc: BaseException) -> None:
         if is_device_lost(exc):
             log.error("device lost: %s; rebuilding", exc)
             for job in jobs:
-                job.fail(KemError("device_lost", f"the GPU device was lost: {_naga_message(exc)}"))
+                job.refuse(KemError("device_lost", f"the GPU device was lost: {_naga_message(exc)}"))
             try:
                 self.rebuild()
             except Exception as rebuild_exc:
@@ -347,10 +455,10 @@ class Executor:
                 self.device = None
             return
         for job in jobs:
-            job.fail(KemError("gpu_error", _naga_message(exc)))
+            job.refuse(KemError("gpu_error", _naga_message(exc)))
 
-    def _encode_submit_deliver(self, items: list[_Prepared]) -> None:
-        """One batch: packed buffers, one compute pass, one submit, one map.
+    def _encode(self, items: list[_Prepared]) -> Flight:
+        """Buffers, upload and commands for one batch, not yet submitted.
 
         wgpu-py costs ~20 us per native call on these machines, more than a
         small kernel, so the batch is laid out to need few of them: all
@@ -362,19 +470,20 @@ class Executor:
         device = self._require_device()
         pool = self.pool
         assert pool is not None
-        now = time.perf_counter()
+        started = time.perf_counter()
         for item in items:
-            self.stats.add_time("queue_wait", now - item.job.enqueued)
+            self.stats.add_time("queue_wait", started - item.job.enqueued)
         plan = _BatchPlan(items, self.storage_align, self.uniform_align)
-        self.stats.inc("bytes_in", sum(len(item.job.call.input) for item in items))
-        in_buf = pool.take("input", plan.in_total)
-        out_buf = pool.take("output", plan.out_total)
-        u_buf = pool.take("uniform", plan.u_total) if plan.u_total else None
-        timing = _Timing(self._query_set, pool, plan.out_total) if self._query_set else None
-        staging = pool.take("staging", plan.out_total + (_align(timing.size, STAGING_ALIGN) if timing else 0))
-        taken = [("input", in_buf), ("output", out_buf), ("staging", staging)] + ([("uniform", u_buf)] if u_buf else [])
+        flight = Flight(items, device, pool)
         try:
-            upload_started = time.perf_counter()
+            in_buf = flight.take("input", plan.in_total)
+            out_buf = flight.take("output", plan.out_total)
+            u_buf = flight.take("uniform", plan.u_total) if plan.u_total else None
+            timing = _Timing(self._query_set, plan.out_total) if self._query_set else None
+            if timing is not None:
+                timing.resolved = flight.take("query", timing.size)
+            flight.staging = flight.take("staging", plan.out_total + (_align(timing.size, STAGING_ALIGN) if timing else 0))
+            flight.timing = timing
             plan.upload(device.queue, in_buf, u_buf)
             encoder = device.create_command_encoder()
             # Pooled buffers hold earlier callers' bytes: clear what this
@@ -389,50 +498,88 @@ class Executor:
                 compute.set_bind_group(0, self._bind_group(device, item, in_buf, out_buf, u_buf))
                 compute.dispatch_workgroups(*item.groups)
             compute.end()
-            encoder.copy_buffer_to_buffer(out_buf, 0, staging, 0, plan.out_total)
+            encoder.copy_buffer_to_buffer(out_buf, 0, flight.staging, 0, plan.out_total)
             if timing is not None:
-                timing.resolve(encoder, staging)
-            self.stats.add_time("upload_encode", time.perf_counter() - upload_started)
-            gpu_started = time.perf_counter()
-            device.queue.submit([encoder.finish()])
-            mapped = staging.map_async("READ_NOSYNC", 0, staging.size)
+                timing.resolve(encoder, flight.staging)
+            flight.commands = encoder.finish()
+        except BaseException:
+            self._release(flight)
+            raise
+        self.stats.inc("bytes_in", sum(len(item.job.call.input) for item in items))
+        flight.spent += time.perf_counter() - started
+        self.stats.add_time("upload_encode", time.perf_counter() - started)
+        return flight
+
+    def _submit(self, flight: Flight) -> None:
+        started = time.perf_counter()
+        flight.device.queue.submit([flight.commands])
+        flight.commands = None
+        flight.mapped = flight.staging.map_async("READ_NOSYNC", 0, flight.staging.size)
+        flight.spent += time.perf_counter() - started
+        self.stats.add_time("submit", time.perf_counter() - started)
+
+    def _wait(self, flight: Flight) -> bool:
+        """Block until the batch is done and its staging mapped. False (and
+        every caller answered) when it failed."""
+        started = time.perf_counter()
+        try:
             # A blocking device poll returns when the GPU is done and runs the
             # map callback on this thread: measured 1.6x faster than map_sync,
             # which waits on wgpu-py's poller thread (docs/executor.md).
-            device._poll_wait()
-            mapped.sync_wait()
-            self.stats.add_time("gpu_wait", time.perf_counter() - gpu_started)
-            deliver_started = time.perf_counter()
-            later: list[tuple[_Prepared, bytes]] = []
-            try:
-                # One view of the whole mapped range (each read_mapped is a
-                # native call); every caller's result is a slice of it.
-                mapped_view = staging.read_mapped(0, staging.size, copy=False)
-                for item in items:
-                    size = item.job.call.output_size
-                    view = mapped_view[item.out_offset : item.out_offset + size]
-                    if size <= SMALL_RESULT:
-                        later.append((item, bytes(view)))
-                    else:
-                        # Large: straight from mapped memory to the pipe.
-                        self._deliver(item, view)
-                if timing is not None:
-                    self.stats.add_time("gpu_kernel", timing.read(mapped_view))
-                    self.stats.inc("gpu_kernel_samples", len(items))
-            finally:
-                staging.unmap()
-        finally:
-            if timing is not None:
-                timing.release()
-            for kind, buf in taken:
-                pool.give(kind, buf)
-        self.stats.batch(len(items))
+            flight.device._poll_wait()
+            flight.mapped.sync_wait()
+        except Exception as exc:
+            self._release(flight)
+            self._gpu_failure(flight.jobs, exc)
+            return False
+        flight.spent += time.perf_counter() - started
+        self.stats.add_time("gpu_wait", time.perf_counter() - started)
+        return True
+
+    def _deliver_flight(self, flight: Flight) -> None:
+        """Answer each caller from its slice of the mapped staging buffer."""
+        started = time.perf_counter()
+        later: list[tuple[Job, bytes]] = []
+        try:
+            # One view of the whole mapped range (each read_mapped is a
+            # native call); every caller's result is a slice of it.
+            mapped_view = flight.staging.read_mapped(0, flight.staging.size, copy=False)
+            for item in flight.items:
+                size = item.job.call.output_size
+                view = mapped_view[item.out_offset : item.out_offset + size]
+                if size <= SMALL_RESULT:
+                    later.append((item.job, bytes(view)))
+                else:
+                    # Large: straight from mapped memory to the pipe.
+                    self._answer(item.job, view)
+            if flight.timing is not None:
+                self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
+                self.stats.inc("gpu_kernel_samples", len(flight.items))
+            flight.staging.unmap()
+        except Exception as exc:
+            self._fail_flight(flight, KemError("gpu_error", f"reading the results failed: {_naga_message(exc)}"))
+            return
+        self._release(flight)
+        self.stats.batch(len(flight.items))
         # Small results go out last, once this thread's bookkeeping is done:
         # the caller's next request then finds the GPU thread already
         # waiting instead of competing with it for the GIL.
-        for item, data in later:
-            self._deliver(item, memoryview(data))
-        self.stats.add_time("readback", time.perf_counter() - deliver_started)
+        for job, data in later:
+            self._answer(job, memoryview(data))
+        flight.spent += time.perf_counter() - started
+        self.stats.add_time("readback", time.perf_counter() - started)
+
+    def _fail_flight(self, flight: Flight, error: KemError) -> None:
+        self._release(flight)
+        for job in flight.jobs:
+            job.refuse(error)
+
+    def _release(self, flight: Flight) -> None:
+        """Buffers go back to the pool that lent them (after a rebuild, an
+        old pool that nobody uses any more)."""
+        for kind, buf in flight.taken:
+            flight.pool.give(kind, buf)
+        flight.taken = []
 
     def _bind_group(self, device, item: _Prepared, in_buf, out_buf, u_buf):
         """Bind groups are cached by buffer serial, offsets and sizes: steady
@@ -460,9 +607,9 @@ class Executor:
             self._bind_groups.popitem(last=False)
         return group
 
-    def _deliver(self, item: _Prepared, view: memoryview) -> None:
+    def _answer(self, job: Job, view: memoryview) -> None:
         self.stats.inc("bytes_out", len(view))
-        item.job.reply(view)
+        job.answer(view)
 
     def describe(self) -> dict:
         extra = {"pipelines_cached": len(self._pipelines)}
@@ -484,11 +631,10 @@ class _Timing:
 
     size = 16
 
-    def __init__(self, query_set, pool: BufferPool, offset: int) -> None:
+    def __init__(self, query_set, offset: int) -> None:
         self.offset = offset
-        self.pool = pool
         self.query_set = query_set
-        self.resolved = pool.take("query", self.size)
+        self.resolved = None  # a pooled buffer the flight takes
 
     def writes(self) -> dict:
         return {"query_set": self.query_set, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
@@ -501,9 +647,6 @@ class _Timing:
         """Seconds of GPU time for the batch's pass, from the mapped staging."""
         begin, end = mapped[self.offset : self.offset + self.size].cast("Q")
         return max(0, end - begin) / 1e9
-
-    def release(self) -> None:
-        self.pool.give("query", self.resolved)
 
 
 class _BatchPlan:

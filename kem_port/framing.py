@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 HEADER = struct.Struct(">I")
 _DISCARD_CHUNK = 1 << 20
@@ -74,19 +75,52 @@ def _discard(fd: int, size: int) -> None:
         left -= len(chunk)
 
 
+_IOV_MAX = 512  # buffers per writev, well under Linux's 1024
+
+
 class FrameWriter:
-    """Writes whole frames atomically with respect to other threads."""
+    """Writes whole frames atomically with respect to other threads.
+
+    Inside ``gathered()`` a thread's frames are held and go out together in
+    one ``writev`` when the block ends: a batch's small replies cost one
+    system call instead of one each (~9 us a reply to a pipe here). Only
+    frames made of ``bytes`` are held; a frame that points into memory the
+    caller will reuse (a mapped GPU buffer) is written at once, after
+    whatever was held, so order is kept.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def write(self, parts: Sequence[bytes | memoryview]) -> None:
         total = sum(len(p) for p in parts)
         views = [memoryview(HEADER.pack(total))] + [memoryview(p).cast("B") for p in parts]
+        held: list[memoryview] | None = getattr(self._local, "held", None)
+        if held is not None and all(type(v.obj) is bytes for v in views):
+            held.extend(views)
+            return
+        if held:
+            views = held + views
+            held.clear()
+        self._write(views)
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        self._local.held = held = []
+        try:
+            yield
+        finally:
+            self._local.held = None
+            if held:
+                self._write(held)
+
+    def _write(self, views: list[memoryview]) -> None:
         with self._lock:
             try:
-                write_all(self._fd, views)
+                for start in range(0, len(views), _IOV_MAX):
+                    write_all(self._fd, views[start : start + _IOV_MAX])
             except (BrokenPipeError, ConnectionResetError):
                 # The node closed our output: nobody is left to answer.
                 os._exit(0)

@@ -52,13 +52,15 @@ class DirectoryStore:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._prefix = os.path.join(str(directory), "")
         self._cache: dict[str, tuple[int, KernelSource]] = {}
         self._lock = threading.Lock()
 
     def lookup(self, kernel_id: str) -> KernelSource | None:
         # kernel_id is already restricted to [A-Za-z0-9_-]: no separators, no
         # "..", so the path cannot leave the directory.
-        path = self.directory / f"{kernel_id}.wgsl"
+        # A plain string path: pathlib cost ~6 us of a ~30 us frame here.
+        path = f"{self._prefix}{kernel_id}.wgsl"
         try:
             mtime = os.stat(path).st_mtime_ns
         except OSError:
@@ -68,10 +70,11 @@ class DirectoryStore:
             if hit is not None and hit[0] == mtime:
                 return hit[1]
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as fh:
+                data = fh.read()
         except OSError:
             return None
-        source = source_from_bytes(kernel_id, data, str(path), "local")
+        source = source_from_bytes(kernel_id, data, path, "local")
         with self._lock:
             self._cache[kernel_id] = (mtime, source)
         return source

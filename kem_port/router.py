@@ -7,6 +7,12 @@ cache inline, a gateway fetch on a worker thread) and queued for the GPU
 thread, which runs them in batches. The queue is bounded: when it is full
 the caller hears ``overloaded`` at once instead of waiting on a growing
 backlog.
+
+One exception to the hand-off: a small call to a compiled kernel that
+arrives while the GPU is idle, nothing is queued and no other frame is
+waiting in the pipe runs on the reader thread itself. Waking the GPU
+thread cost ~400 us of a ~900 us small call on lavapipe (docs/executor.md);
+under load the pipe is never empty, so calls still queue and batch.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from kem_port import terms
 from kem_port.batching import BatchSizer
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.executor import Executor, Job
+from kem_port.executor import Executor, Flight, Job
 from kem_port.framing import FrameWriter, write_all
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.protocol import INLINE_METHODS, KERNEL_METHODS, KernelCall, RequestError, kernel_call, parse_call
@@ -50,12 +56,17 @@ class Router:
         executor: Executor,
         resolver: KernelResolver,
         writer: FrameWriter,
+        input_waiting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
         self.stats = stats
         self.executor = executor
         self.resolver = resolver
         self.writer = writer
+        self.input_waiting = input_waiting
+        # Held by whichever thread runs the executor: the GPU thread for
+        # batches, the reader for an inline call.
+        self._executor_lock = threading.Lock()
         self.gpu_queue: queue.Queue[Job | Control] = queue.Queue(maxsize=config.queue_limit)
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kem-fetch")
         self._gpu_thread = threading.Thread(target=self._gpu_loop, name="kem-gpu", daemon=True)
@@ -138,7 +149,7 @@ class Router:
     def _kernel(self, req_id: int, call: KernelCall) -> None:
         source = self.resolver.resolve_local(call.kernel_id)
         if source is not None:
-            self._enqueue(req_id, call, source)
+            self._enqueue(req_id, call, source, may_inline=True)
             return
         if not self.resolver.needs_fetch(call.kernel_id):
             raise RequestError(req_id, KemError("kernel_not_found", f"no kernel {call.kernel_id!r} in {self.resolver.describe_local()}"))
@@ -159,13 +170,15 @@ class Router:
         except RequestError as exc:
             self.reply_error(exc.req_id, exc.error)
 
-    def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource) -> None:
+    def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, may_inline: bool = False) -> None:
         job = Job(
             call=call,
             source=source,
             reply=lambda view, r=req_id, c=call: self._reply_result(r, c, view),
             fail=lambda err, r=req_id: self.reply_error(r, err),
         )
+        if may_inline and self._run_inline(job):
+            return
         try:
             self.gpu_queue.put_nowait(job)
         except queue.Full:
@@ -173,6 +186,33 @@ class Router:
             raise RequestError(
                 req_id, KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port")
             ) from None
+
+    def _run_inline(self, job: Job) -> bool:
+        """Run a lone small call on this (the reader) thread; False if it must queue.
+
+        Only calls that cannot hold the reader long qualify: small, no
+        explicit workgroup count, kernel already compiled. The lock and the
+        empty queue keep batches and inline calls from overtaking each other.
+        """
+        call = job.call
+        if (
+            _call_bytes(job) > SMALL_CALL
+            or call.workgroups is not None
+            or call.output_path is not None
+            or not self.executor.is_warm(job.source, call)
+            or self.input_waiting()
+        ):
+            return False
+        if not self._executor_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.gpu_queue.empty():
+                return False
+            self.stats.inc("inline_calls")
+            self._run_batch([job])
+            return True
+        finally:
+            self._executor_lock.release()
 
     def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
         if call.output_path is None:
@@ -207,8 +247,13 @@ class Router:
             self._control(req_id, lambda ex: ex.destroy_device_for_test())
         elif what == "sleep_gpu" and len(args) == 2 and type(args[1]) is int:
             self._control(req_id, lambda ex, ms=args[1]: time.sleep(ms / 1000))
+        elif what == "sleep_reader" and len(args) == 2 and type(args[1]) is int:
+            time.sleep(args[1] / 1000)  # a reader stuck in an inline call
+            self.reply_ok(req_id, terms.atom("ok"))
         else:
-            raise RequestError(req_id, KemError("bad_args", "test_hook {stdout_noise | destroy_device | sleep_gpu, Ms}"))
+            raise RequestError(
+                req_id, KemError("bad_args", "test_hook {stdout_noise | destroy_device | sleep_gpu, Ms | sleep_reader, Ms}")
+            )
 
     def _control(self, req_id: int, action: Control) -> None:
         def run(executor: Executor) -> None:
@@ -225,21 +270,68 @@ class Router:
     def _gpu_loop(self) -> None:
         while True:
             first = self.gpu_queue.get()
-            if callable(first) and not isinstance(first, Job):
-                self._run_control(first)
-                continue
-            batch, control = self._drain(first)
-            started = time.perf_counter()
-            try:
-                self.executor.run(batch)
-            except Exception as exc:  # a bug must not kill the GPU thread
-                log.exception("executor failed")
-                for job in batch:
-                    job.fail(KemError("internal", f"{type(exc).__name__}: {exc}"))
-            small = all(_call_bytes(job) <= SMALL_CALL for job in batch)
-            self.sizer.record(len(batch), time.perf_counter() - started, small)
+            with self._executor_lock:
+                self._serve(first)
+
+    def _serve(self, item: Job | Control | None) -> None:
+        """Run batches back to back while calls keep coming, each encoded
+        while the one before it is on the GPU (Executor.step); return when
+        the queue is empty and nothing is in flight."""
+        flight: Flight | None = None
+        while item is not None or flight is not None:
+            batch, control = self._batch_from(item)
+            landing = flight
+            flight = self._step(flight, batch)
+            if landing is not None:
+                self._learn(landing)
             if control is not None:
+                # A control action (test hooks) runs with nothing in flight.
+                if flight is not None:
+                    landing, flight = flight, self._step(flight, [])
+                    self._learn(landing)
                 self._run_control(control)
+            item = self._next_nowait()
+
+    def _batch_from(self, item: Job | Control | None) -> tuple[list[Job], Control | None]:
+        if item is None:
+            return [], None
+        if not isinstance(item, Job):
+            return [], item
+        return self._drain(item)
+
+    def _next_nowait(self) -> Job | Control | None:
+        try:
+            return self.gpu_queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _step(self, flight: Flight | None, batch: list[Job]) -> Flight | None:
+        try:
+            with self.writer.gathered():
+                return self.executor.step(flight, batch)
+        except Exception as exc:  # a bug must not kill the GPU thread or leave a caller waiting
+            log.exception("executor failed")
+            error = KemError("internal", f"{type(exc).__name__}: {exc}")
+            for job in batch + (flight.jobs if flight is not None else []):
+                job.refuse(error)
+            return None
+
+    def _learn(self, landed: Flight) -> None:
+        """Teach the batch sizer what a batch cost from encoding to delivery."""
+        small = all(_call_bytes(job) <= SMALL_CALL for job in landed.jobs)
+        self.sizer.record(len(landed.items), landed.cost(), small)
+
+    def _run_batch(self, batch: list[Job]) -> None:
+        """Run a batch alone, start to end (the inline path)."""
+        started = time.perf_counter()
+        try:
+            self.executor.run(batch)
+        except Exception as exc:  # a bug must not kill the thread running it
+            log.exception("executor failed")
+            for job in batch:
+                job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
+        small = all(_call_bytes(job) <= SMALL_CALL for job in batch)
+        self.sizer.record(len(batch), time.perf_counter() - started, small)
 
     def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
         """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""

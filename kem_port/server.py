@@ -1,8 +1,10 @@
 """The port's main loop: read frames until stdin closes, then exit at once.
 
-The reader (main) thread owns stdin. At EOF the node is gone, so the process
-ends with ``os._exit(0)`` even while the GPU thread is inside a long kernel:
-no orphan keeps spinning on the GPU, and no thread outlives it.
+The reader (main) thread owns stdin. When the node closes it the process
+ends with ``os._exit(0)``, even while a thread is inside a long kernel: the
+reader exits at EOF, and a watchdog thread exits on the pipe's hang-up in
+case the reader is busy running a call itself. No orphan keeps spinning on
+the GPU, and no thread outlives it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kem_port.kernel_store import KernelResolver, default_stores
 from kem_port.router import Router
 from kem_port.stats import Stats
 from kem_port.errors import KemError
-from kem_port.stdio_guard import die_with_parent
+from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting
 
 log = logging.getLogger("kem_port")
 
@@ -31,6 +33,7 @@ def build_remote(config: Config, stats: Stats):
 
 def serve(in_fd: int, out_fd: int) -> int:
     die_with_parent()
+    exit_on_hangup(in_fd)
     # Two busy threads (reader, GPU) hand requests over: a waiting thread
     # otherwise gets the GIL only after the default 5 ms switch interval.
     sys.setswitchinterval(0.0002)
@@ -44,7 +47,7 @@ def serve(in_fd: int, out_fd: int) -> int:
     except Exception as exc:  # keep serving: kernel calls will say no_adapter
         log.error("no GPU device: %s", exc)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
-    router = Router(config, stats, executor, resolver, writer)
+    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd))
     router.start()
     try:
         while True:

@@ -9,8 +9,12 @@ node's log instead of corrupting a frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import os
+import select
 import sys
+import threading
 
 
 def claim_protocol_fds() -> tuple[int, int]:
@@ -40,3 +44,36 @@ def die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def exit_on_hangup(fd: int) -> threading.Thread:
+    """Exit the moment the node closes our input, whoever is busy.
+
+    The reader sees EOF only when it next reads; while it runs a small call
+    itself (router.py) or the GPU thread sits in a long kernel, this thread
+    still notices the hang-up (POLLHUP, reported even with unread bytes
+    left in the pipe) and ends the process, so no orphan outlives its node.
+    """
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # no events asked: POLLHUP/POLLERR always come
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    thread = threading.Thread(target=watch, name="kem-hangup", daemon=True)
+    thread.start()
+    return thread
+
+
+def input_waiting(fd: int) -> Callable[[], bool]:
+    """A cheap check (one zero-timeout poll) for bytes already in the pipe."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+
+    def waiting() -> bool:
+        return bool(poller.poll(0))
+
+    return waiting

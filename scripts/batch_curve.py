@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Calls/s of the executor alone against batch size (small double calls),
 in-process, so the port and pipes are out of the picture: the curve that
-sets KEM_MAX_BATCH's default. Usage: python scripts/batch_curve.py [out.json]"""
+sets KEM_MAX_BATCH's default. Each size is run two ways in the same process:
+batches one after another (`run`: encode, submit, wait, deliver) and as a
+stream (`step`: each batch encoded while the previous one computes and
+delivered while the next one does), so the overlap's gain is a ratio.
+Usage: python scripts/batch_curve.py [out.json]"""
 
 from __future__ import annotations
 
@@ -19,8 +23,28 @@ from kem_port.stats import Stats
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+STAGES = ("upload_encode", "submit", "gpu_wait", "readback", "gpu_kernel")
+
+
+def _stage_us(before: dict, after: dict, batches: int) -> dict[str, float]:
+    """Mean microseconds a batch spent in each executor stage (stats)."""
+    return {k: (after.get(f"{k}_us", 0) - before.get(f"{k}_us", 0)) / batches for k in STAGES}
+
+
+def _streamed(executor: Executor, job, n: int, rounds: int) -> float:
+    """Calls/s for `rounds` batches of n through Executor.step, back to back."""
+    started = time.perf_counter()
+    flight = None
+    for _ in range(rounds):
+        flight = executor.step(flight, [job() for _ in range(n)])
+    while flight is not None:
+        flight = executor.step(flight, [])
+    return n * rounds / (time.perf_counter() - started)
+
+
 def main(argv: list[str]) -> int:
-    executor = Executor(Config(max_batch=max(SIZES)), Stats())
+    stats = Stats()
+    executor = Executor(Config(max_batch=max(SIZES)), stats)
     executor.open()
     source = default_stores(None)[0].lookup("double")
     done: list = []
@@ -33,14 +57,23 @@ def main(argv: list[str]) -> int:
     for n in SIZES:
         rounds = max(5, 2000 // n)
         times = []
+        before = stats.snapshot()
         for _ in range(rounds):
             batch = [job() for _ in range(n)]
             t = time.perf_counter()
             executor.run(batch)
             times.append(time.perf_counter() - t)
         per_call = statistics.median(times) / n
-        curve[n] = {"calls_per_s": 1 / per_call, "us_per_call": per_call * 1e6}
-        print(f"batch {n:3d}: {1 / per_call:9.0f} calls/s  {per_call * 1e6:7.1f} us/call")
+        stages = _stage_us(before, stats.snapshot(), rounds)
+        # The overlap is compared on totals (outliers included) both ways.
+        serial = n * rounds / sum(times)
+        streamed = _streamed(executor, job, n, rounds)
+        curve[n] = {"calls_per_s": 1 / per_call, "us_per_call": per_call * 1e6,
+                    "serial_mean_calls_per_s": serial, "overlapped_calls_per_s": streamed,
+                    "us_per_batch": stages}
+        print(f"batch {n:3d}: {1 / per_call:9.0f} calls/s  {per_call * 1e6:7.1f} us/call"
+              f"  | mean {serial:7.0f} calls/s, overlapped {streamed:7.0f} ({streamed / serial:.2f}x)")
+        print("           us a batch: " + "  ".join(f"{k} {v:.0f}" for k, v in stages.items()))
     assert all(d == 1 for d in done), "a call failed"
     result = {"adapter": executor.info["name"], "curve": curve}
     if len(argv) > 1:

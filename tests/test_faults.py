@@ -119,3 +119,17 @@ def test_port_exits_on_eof_even_inside_a_kernel_that_never_ends(kernel_dir):
     assert time.monotonic() - started < 15.0
     with pytest.raises(PortError):
         stuck.result(timeout=5)
+
+
+def test_port_exits_on_hangup_while_the_reader_itself_is_busy():
+    """The reader runs lone small calls itself; if the node goes away while
+    it does, the hang-up watchdog still ends the process at once."""
+    port = start_port()
+    assert port.call("ping") is not None
+    busy = port.call_async("test_hook", terms.atom("sleep_reader"), 60_000)
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert port.close(timeout=30) == 0
+    assert time.monotonic() - started < 5.0
+    with pytest.raises(PortError):
+        busy.result(timeout=5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import reference
+from kem_port import terms
 from kem_port.client import PortError
 
 
@@ -140,3 +141,29 @@ def test_mixed_batches(port, rng):
     wait(futures, timeout=120)
     for want, fut in zip(expected, futures):
         assert fut.result() == want
+
+
+def test_lone_calls_run_on_the_reader_and_a_backlog_still_batches(port, rng):
+    """An idle port runs a lone small call on its reader thread (no hand-off
+    to the GPU thread); calls that arrive while the GPU is busy queue and
+    share batches. Both roads give numpy's answer."""
+    from concurrent.futures import wait
+
+    def stat(name: str) -> int:
+        return port.call("stats")[terms.atom(name)]
+
+    data = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+    assert port.call("execute_kernel", b"double", data, 1) == reference.double(data, 64)
+    inline_before = stat("inline_calls")
+    for _ in range(10):
+        data = rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8).tobytes()
+        assert port.call("execute_kernel", b"double", data, 2) == reference.double(data, 2 * len(data))
+    assert stat("inline_calls") - inline_before == 10
+
+    shared_before = stat("batched_calls") - stat("batches")
+    port.call_async("test_hook", terms.atom("sleep_gpu"), 300)
+    inputs = [rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8).tobytes() for _ in range(40)]
+    futures = [port.call_async("execute_kernel", b"double", d, 1) for d in inputs]
+    wait(futures, timeout=60)
+    assert [f.result() for f in futures] == [reference.double(d, len(d)) for d in inputs]
+    assert stat("batched_calls") - stat("batches") > shared_before

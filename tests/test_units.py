@@ -175,3 +175,27 @@ def test_batch_sizer_finds_the_cliff():
     sizer = BatchSizer(64)
     sizer.record(8, 1.0, small=False)
     assert sizer.cost == {}
+
+
+def test_gathered_frames_wait_for_the_block_and_keep_their_order():
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    writer = FrameWriter(write_fd)
+    borrowed = bytearray(b"mapped")  # stands for a mapped GPU buffer
+    try:
+        with writer.gathered():
+            writer.write([b"first"])
+            writer.write([terms.ok_binary_reply(7, memoryview(b"xy"))[0], memoryview(b"xy")])
+            with pytest.raises(BlockingIOError):
+                os.read(read_fd, 1)  # held, not written
+            writer.write([memoryview(borrowed)])  # must go now, after what was held
+            borrowed[:] = b"reused"
+            writer.write([b"last"])
+        os.set_blocking(read_fd, True)
+        frames = [read_frame(read_fd, 1 << 20) for _ in range(4)]
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert frames[0] == b"first"
+    assert terms.decode(frames[1])[1] == 7
+    assert frames[2:] == [b"mapped", b"last"]
