@@ -235,7 +235,10 @@ kill_port_with_calls_in_flight() ->
     Big = random_bytes(4 bsl 20),
     Callers = [spawn_link(fun() -> Parent ! {self(), kem:execute(?DOUBLE, Big, #{})} end)
                || _ <- lists:seq(1, 100)],
-    timer:sleep(50),
+    %% Kill only when every caller has reached the port (or been answered):
+    %% a caller still writing its input file is not in flight yet, and
+    %% would be served by the restarted port, seconds later.
+    ?assertEqual(ok, all_reached(Port, 100, erlang:monotonic_time(millisecond) + 20000)),
     Killed = erlang:monotonic_time(millisecond),
     os:cmd("kill -9 " ++ integer_to_list(OsPid)),
     Results = [receive {P, R} -> R after 10000 -> no_reply end || P <- Callers],
@@ -253,6 +256,18 @@ kill_port_with_calls_in_flight() ->
     ?assertEqual(ok, wait_for_service(5000)),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
+
+all_reached(Port, N, Deadline) ->
+    #{pending := Pending} = sys:get_state(Port),
+    {message_queue_len, Answered} = process_info(self(), message_queue_len),
+    case maps:size(Pending) + Answered >= N of
+        true -> ok;
+        false ->
+            case erlang:monotonic_time(millisecond) > Deadline of
+                true -> {timeout, maps:size(Pending), Answered};
+                false -> timer:sleep(2), all_reached(Port, N, Deadline)
+            end
+    end.
 
 call_outliving_its_timeout() ->
     [Port] = kem_sup:port_names(),
