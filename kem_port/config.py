@@ -64,6 +64,7 @@ class Config:
     test_hooks: bool = False
     gpu_timing: str = "auto"
     shm_dir: Path | None = None
+    poll_spin_us: int | None = None  # None: chosen by adapter type
 
     @property
     def max_frame_bytes(self) -> int:
@@ -100,4 +101,5 @@ class Config:
             test_hooks=env.get("KEM_TEST_HOOKS") == "1",
             gpu_timing=_choice(env, "KEM_GPU_TIMING", ("auto", "on", "off")),
             shm_dir=Path(env["KEM_SHM_DIR"]).resolve() if env.get("KEM_SHM_DIR") else None,
+            poll_spin_us=_env_int(env, "KEM_POLL_SPIN_US", -1, 0) if env.get("KEM_POLL_SPIN_US", "").strip() else None,
         )

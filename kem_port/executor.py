@@ -23,6 +23,7 @@ from kem_port.buffer_pool import BufferPool
 from kem_port.config import Config
 from kem_port.dispatch import DispatchLimits, plan_dispatch
 from kem_port.errors import KemError, bad_args, too_large
+from kem_port.gpu_wait import wait_for_map
 from kem_port.kernel_store import KernelSource
 from kem_port.protocol import KernelCall
 from kem_port.stats import Stats
@@ -35,7 +36,9 @@ SMALL_RESULT = 64 * 1024  # copied out of the mapped buffer; larger ones are wri
 MIN_UNIFORM_BYTES = 256
 PIPELINE_CACHE_SIZE = 256
 BIND_GROUP_CACHE_SIZE = 1024
-PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
+PACK_LIMIT = 256 * 1024
+DEFAULT_SPIN_S = 0.002  # well under the ~10 ms a late blocking wait costs
+TIMING_EVERY = 16  # with KEM_GPU_TIMING=auto, one batch in this many is timed  # inputs up to this size are packed into one upload
 LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
 
 
@@ -167,6 +170,8 @@ class Executor:
         self._serial = 0
         self.storage_align = 256
         self.uniform_align = 256
+        self.spin_s = 0.0
+        self._batch_count = 0
 
     # -- life cycle -------------------------------------------------------
 
@@ -189,6 +194,7 @@ class Executor:
             if name in limits
         }
         features = ["timestamp-query"] if self._want_timing() else []
+        self.spin_s = self._spin_budget()
         self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features, label="kem")
         # One query set for the device's life: creating one per batch cost
         # ~250 us a small call on lavapipe.
@@ -207,12 +213,29 @@ class Executor:
         log.info("using %s (%s)", self.info["name"], self.info["backend"])
 
     def _want_timing(self) -> bool:
-        """GPU timestamps per call: on real GPUs by default. On lavapipe they
-        cost ~170 us of a ~700 us small call, so auto leaves them off there."""
+        """GPU timestamps: on real GPUs by default (sampled, _time_this_batch).
+        On lavapipe they cost ~170 us of a ~700 us small call, so auto leaves
+        them off there."""
         assert self.adapter is not None
         if self.config.gpu_timing == "off" or "timestamp-query" not in self.adapter.features:
             return False
         return self.config.gpu_timing == "on" or self.adapter.info.get("adapter_type") != "CPU"
+
+    def _time_this_batch(self) -> bool:
+        """KEM_GPU_TIMING=on times every batch; auto one in TIMING_EVERY
+        (the queries and their resolve are three more native calls)."""
+        if self._query_set is None:
+            return False
+        self._batch_count += 1
+        return self.config.gpu_timing == "on" or self._batch_count % TIMING_EVERY == 1
+
+    def _spin_budget(self) -> float:
+        """Seconds to spin before a blocking wait (gpu_wait.py): none on
+        CPU adapters by default, whose driver threads share our cores."""
+        assert self.adapter is not None
+        if self.config.poll_spin_us is not None:
+            return self.config.poll_spin_us / 1e6
+        return 0.0 if self.adapter.info.get("adapter_type") == "CPU" else DEFAULT_SPIN_S
 
     def rebuild(self) -> None:
         """After device loss: a new adapter, device, pool and pipeline cache."""
@@ -479,7 +502,7 @@ class Executor:
             in_buf = flight.take("input", plan.in_total)
             out_buf = flight.take("output", plan.out_total)
             u_buf = flight.take("uniform", plan.u_total) if plan.u_total else None
-            timing = _Timing(self._query_set, plan.out_total) if self._query_set else None
+            timing = _Timing(self._query_set, plan.out_total) if self._time_this_batch() else None
             if timing is not None:
                 timing.resolved = flight.take("query", timing.size)
             flight.staging = flight.take("staging", plan.out_total + (_align(timing.size, STAGING_ALIGN) if timing else 0))
@@ -523,11 +546,7 @@ class Executor:
         every caller answered) when it failed."""
         started = time.perf_counter()
         try:
-            # A blocking device poll returns when the GPU is done and runs the
-            # map callback on this thread: measured 1.6x faster than map_sync,
-            # which waits on wgpu-py's poller thread (docs/executor.md).
-            flight.device._poll_wait()
-            flight.mapped.sync_wait()
+            wait_for_map(flight.device, flight.mapped, self.spin_s)
         except Exception as exc:
             self._release(flight)
             self._gpu_failure(flight.jobs, exc)

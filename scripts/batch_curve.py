@@ -9,6 +9,7 @@ Usage: python scripts/batch_curve.py [out.json]"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,7 +45,8 @@ def _streamed(executor: Executor, job, n: int, rounds: int) -> float:
 
 def main(argv: list[str]) -> int:
     stats = Stats()
-    executor = Executor(Config(max_batch=max(SIZES)), stats)
+    # KEM_* settings apply (e.g. KEM_POLL_SPIN_US, KEM_GPU_TIMING).
+    executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(SIZES)), stats)
     executor.open()
     source = default_stores(None)[0].lookup("double")
     done: list = []
@@ -75,7 +77,7 @@ def main(argv: list[str]) -> int:
               f"  | mean {serial:7.0f} calls/s, overlapped {streamed:7.0f} ({streamed / serial:.2f}x)")
         print("           us a batch: " + "  ".join(f"{k} {v:.0f}" for k, v in stages.items()))
     assert all(d == 1 for d in done), "a call failed"
-    result = {"adapter": executor.info["name"], "curve": curve}
+    result = {"adapter": executor.info["name"], "poll_spin_us": executor.spin_s * 1e6, "curve": curve}
     if len(argv) > 1:
         with open(argv[1], "w") as fh:
             json.dump(result, fh, indent=1)

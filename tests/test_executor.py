@@ -15,10 +15,12 @@ from kem_port.protocol import KernelCall
 from kem_port.stats import Stats
 
 
-@pytest.fixture(scope="module")
-def executor():
-    ex = Executor(Config(), Stats())
+@pytest.fixture(scope="module", params=[0, 2000], ids=["blocking-wait", "spin-then-wait"])
+def executor(request):
+    """Both ways of waiting for the GPU (gpu_wait.py), whatever the adapter."""
+    ex = Executor(Config(poll_spin_us=request.param), Stats())
     ex.open()
+    assert ex.spin_s == request.param / 1e6
     return ex
 
 
