@@ -36,9 +36,9 @@ SMALL_RESULT = 64 * 1024  # copied out of the mapped buffer; larger ones are wri
 MIN_UNIFORM_BYTES = 256
 PIPELINE_CACHE_SIZE = 256
 BIND_GROUP_CACHE_SIZE = 1024
-PACK_LIMIT = 256 * 1024
+PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
 DEFAULT_SPIN_S = 0.002  # well under the ~10 ms a late blocking wait costs
-TIMING_EVERY = 16  # with KEM_GPU_TIMING=auto, one batch in this many is timed  # inputs up to this size are packed into one upload
+TIMING_EVERY = 16  # with KEM_GPU_TIMING=auto, one batch in this many is timed
 LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
 
 
@@ -69,7 +69,6 @@ class Pipeline:
     pipeline: wgpu.GPUComputePipeline
     layout: wgpu.GPUBindGroupLayout
     entry: EntryPoint | None
-    has_params: bool
     serial: int  # never reused, unlike id(): keys the bind group cache
 
 
@@ -99,10 +98,7 @@ class Flight:
     timing: _Timing | None = None
     commands: wgpu.GPUCommandBuffer | None = None  # until submitted
     mapped: object = None  # the staging map's promise, once submitted
-    spent: float = 0.0  # seconds this thread spent on it, waiting included
-
-    def cost(self) -> float:
-        return self.spent
+    spent: float = 0.0  # seconds spent on it in all stages, waiting included
 
     @property
     def jobs(self) -> list[Job]:
@@ -291,14 +287,16 @@ class Executor:
             shape = self._shapes[source.sha256] = reflect(source.text)
         return shape
 
+    @staticmethod
+    def _pipeline_key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool]:
+        return (source.sha256, call.entry_point, call.params is not None)
+
     def is_warm(self, source: KernelSource, call: KernelCall) -> bool:
         """Whether a call would find its device open and pipeline compiled."""
-        key = (source.sha256, call.entry_point, call.params is not None)
-        return self.device is not None and key in self._pipelines
+        return self.device is not None and self._pipeline_key(source, call) in self._pipelines
 
     def pipeline_for(self, source: KernelSource, call: KernelCall) -> Pipeline:
-        has_params = call.params is not None
-        key = (source.sha256, call.entry_point, has_params)
+        key = self._pipeline_key(source, call)
         found = self._pipelines.get(key)
         if found is not None:
             self._pipelines.move_to_end(key)
@@ -308,13 +306,13 @@ class Executor:
         shape = self._shape(source)
         entry = check_layout(shape, call)
         started = time.perf_counter()
-        pipeline = self._compile(source, call.entry_point, shape, has_params)
+        pipeline = self._compile(source, call.entry_point, shape, call.params is not None)
         elapsed = time.perf_counter() - started
         self.stats.inc("compiles")
         self.stats.add_time("compile", elapsed)
         log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
         self._serial += 1
-        result = Pipeline(pipeline[0], pipeline[1], entry, has_params, self._serial)
+        result = Pipeline(pipeline[0], pipeline[1], entry, self._serial)
         self._pipelines[key] = result
         while len(self._pipelines) > PIPELINE_CACHE_SIZE:
             self._pipelines.popitem(last=False)
@@ -368,7 +366,7 @@ class Executor:
     # -- running batches --------------------------------------------------
     #
     # A batch goes through four stages: encode (buffers, upload, commands),
-    # submit (one submit and the staging map), wait (a blocking poll) and
+    # submit (one submit and the staging map), wait (gpu_wait.py) and
     # deliver (each caller's slice of the mapped staging). step() overlaps
     # two batches: the next one is encoded while the previous one computes,
     # and the previous one is delivered while the next one computes. The
@@ -453,18 +451,7 @@ class Executor:
             self._gpu_failure([i.job for i in items], exc)
             return
         for item in items:
-            try:
-                single = self._encode([item])
-            except Exception as one_exc:
-                self._gpu_failure([item.job], one_exc)
-                continue
-            try:
-                self._submit(single)
-            except Exception as one_exc:
-                self._release(single)
-                self._gpu_failure([item.job], one_exc)
-                continue
-            self._land(single)
+            self.run([item.job])  # a batch of one: its failure is its own
 
     def _gpu_failure(self, jobs: list[Job], exc: BaseException) -> None:
         if is_device_lost(exc):
@@ -529,8 +516,7 @@ class Executor:
             self._release(flight)
             raise
         self.stats.inc("bytes_in", sum(len(item.job.call.input) for item in items))
-        flight.spent += time.perf_counter() - started
-        self.stats.add_time("upload_encode", time.perf_counter() - started)
+        self._stage_done(flight, "upload_encode", started)
         return flight
 
     def _submit(self, flight: Flight) -> None:
@@ -538,8 +524,7 @@ class Executor:
         flight.device.queue.submit([flight.commands])
         flight.commands = None
         flight.mapped = flight.staging.map_async("READ_NOSYNC", 0, flight.staging.size)
-        flight.spent += time.perf_counter() - started
-        self.stats.add_time("submit", time.perf_counter() - started)
+        self._stage_done(flight, "submit", started)
 
     def _wait(self, flight: Flight) -> bool:
         """Block until the batch is done and its staging mapped. False (and
@@ -551,8 +536,7 @@ class Executor:
             self._release(flight)
             self._gpu_failure(flight.jobs, exc)
             return False
-        flight.spent += time.perf_counter() - started
-        self.stats.add_time("gpu_wait", time.perf_counter() - started)
+        self._stage_done(flight, "gpu_wait", started)
         return True
 
     def _deliver_flight(self, flight: Flight) -> None:
@@ -585,8 +569,13 @@ class Executor:
         # waiting instead of competing with it for the GIL.
         for job, data in later:
             self._answer(job, memoryview(data))
-        flight.spent += time.perf_counter() - started
-        self.stats.add_time("readback", time.perf_counter() - started)
+        self._stage_done(flight, "readback", started)
+
+    def _stage_done(self, flight: Flight, stage: str, started: float) -> None:
+        """A stage's time goes to the batch (the batch sizer's cost) and to stats."""
+        elapsed = time.perf_counter() - started
+        flight.spent += elapsed
+        self.stats.add_time(stage, elapsed)
 
     def _fail_flight(self, flight: Flight, error: KemError) -> None:
         self._release(flight)

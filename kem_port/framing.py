@@ -38,16 +38,22 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     buf = bytearray(n)
     view = memoryview(buf)
     view[: len(first)] = first
-    got = len(first)
-    with open(fd, "rb", buffering=0, closefd=False) as raw:
-        while got < n:
-            k = raw.readinto(view[got:])
-            if not k:
-                return None
-            got += k
+    if len(first) + read_into(fd, view[len(first) :]) < n:
+        return None
     # erlang-py decodes only `bytes`: this copy is the price (measured in
     # docs/codec.md, well under the pipe's own cost).
     return bytes(buf)
+
+
+def read_into(fd: int, view: memoryview) -> int:
+    """Fill view from fd; return how many bytes came (fewer only at EOF)."""
+    got = 0
+    while got < len(view):
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def read_frame(fd: int, max_size: int) -> bytes | None:

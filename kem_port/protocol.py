@@ -15,6 +15,7 @@ from typing import Any
 
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
+from kem_port.framing import read_into
 from kem_port.terms import atom_name, binary_bytes
 
 KERNEL_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -131,14 +132,11 @@ def _shm_input(value: Any, config: Config) -> memoryview:
         size = os.fstat(fd).st_size
         if size > config.max_input_bytes:
             raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                raise bad_args("shared-memory input shrank while being read")
-            got += n
+        # Read, not mmap: a mapped file truncated under us would kill the
+        # port with SIGBUS; a read that comes up short is a clear error.
+        view = memoryview(bytearray(size))
+        if read_into(fd, view) < size:
+            raise bad_args("shared-memory input shrank while being read")
         return view
     finally:
         os.close(fd)

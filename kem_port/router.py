@@ -209,7 +209,7 @@ class Router:
             if not self.gpu_queue.empty():
                 return False
             self.stats.inc("inline_calls")
-            self._run_batch([job])
+            self._land(self._step(None, [job]))
             return True
         finally:
             self._executor_lock.release()
@@ -239,8 +239,6 @@ class Router:
         if what == "stdout_noise":
             # What a misbehaving native library might do.
             print("noise from print()")
-            import os
-
             os.write(1, b"noise written to fd 1\n")
             self.reply_ok(req_id, terms.atom("ok"))
         elif what == "destroy_device":
@@ -286,9 +284,8 @@ class Router:
                 self._learn(landing)
             if control is not None:
                 # A control action (test hooks) runs with nothing in flight.
-                if flight is not None:
-                    landing, flight = flight, self._step(flight, [])
-                    self._learn(landing)
+                self._land(flight)
+                flight = None
                 self._run_control(control)
             item = self._next_nowait()
 
@@ -316,22 +313,16 @@ class Router:
                 job.refuse(error)
             return None
 
+    def _land(self, flight: Flight | None) -> None:
+        """Finish a batch in flight, submitting nothing after it."""
+        if flight is not None:
+            self._step(flight, [])
+            self._learn(flight)
+
     def _learn(self, landed: Flight) -> None:
         """Teach the batch sizer what a batch cost from encoding to delivery."""
         small = all(_call_bytes(job) <= SMALL_CALL for job in landed.jobs)
-        self.sizer.record(len(landed.items), landed.cost(), small)
-
-    def _run_batch(self, batch: list[Job]) -> None:
-        """Run a batch alone, start to end (the inline path)."""
-        started = time.perf_counter()
-        try:
-            self.executor.run(batch)
-        except Exception as exc:  # a bug must not kill the thread running it
-            log.exception("executor failed")
-            for job in batch:
-                job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
-        small = all(_call_bytes(job) <= SMALL_CALL for job in batch)
-        self.sizer.record(len(batch), time.perf_counter() - started, small)
+        self.sizer.record(len(landed.items), landed.spent, small)
 
     def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
         """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""
@@ -339,9 +330,8 @@ class Router:
         total = _call_bytes(first)
         cap = self.sizer.limit()
         while len(batch) < cap and total < BATCH_BYTES:
-            try:
-                item = self.gpu_queue.get_nowait()
-            except queue.Empty:
+            item = self._next_nowait()
+            if item is None:
                 break
             if not isinstance(item, Job):
                 return batch, item

@@ -68,14 +68,7 @@ double_case() ->
     Input = crypto:strong_rand_bytes(rand:uniform(4096)),
     Hint = rand:uniform(3),
     {fun() -> kem:execute(<<"double">>, Input, #{output_size_hint => Hint}) end,
-     double_ref(Input, byte_size(Input) * Hint)}.
-
-double_ref(Input, OutputSize) ->
-    Pad = (4 - byte_size(Input) rem 4) rem 4,
-    Words = [W || <<W:32/little>> <= <<Input/binary, 0:(Pad * 8)>>],
-    Doubled = << <<((W * 2) band 16#FFFFFFFF):32/little>> || W <- Words >>,
-    Zeros = max(0, (OutputSize + 3) div 4 - length(Words)) * 4,
-    binary:part(<<Doubled/binary, 0:(Zeros * 8)>>, 0, OutputSize).
+     kem_ref:double_ref(Input, byte_size(Input) * Hint)}.
 
 %% An image of uniform blocks aligned to the pixel size: pixelize's block
 %% means are the blocks' own colours, so the image comes back unchanged.
@@ -91,22 +84,4 @@ glitch_case() ->
     {Seed, Strength} = {rand:uniform(1 bsl 32) - 1, rand:uniform(30) - 1},
     Image = crypto:strong_rand_bytes(W * H * 4),
     Params = <<W:32/little, H:32/little, Seed:32/little, Strength:32/little>>,
-    {fun() -> kem:execute(<<"glitch">>, Image, #{params => Params}) end, glitch_ref(Image, W, H, Seed, Strength)}.
-
--define(M32(X), ((X) band 16#FFFFFFFF)).
-
-mix(V) ->
-    State = ?M32(V * 747796405 + 2891336453),
-    Word = ?M32(((State bsr ((State bsr 28) + 4)) bxor State) * 277803737),
-    (Word bsr 22) bxor Word.
-
-glitch_ref(Image, W, H, Seed, Strength) ->
-    Px = list_to_tuple([P || <<P:32/little>> <= Image]),
-    Get = fun(X, Y) -> element(Y * W + X + 1, Px) end,
-    << <<(begin
-            R = mix((Y div 8) bxor ?M32(Seed * 2654435761)),
-            Shift = case R band 3 of 0 -> ((R bsr 2) rem max(Strength, 1)) rem W; _ -> 0 end,
-            Red = Get((X + Shift) rem W, Y),
-            Blue = Get((X + W - Shift) rem W, Y),
-            (Red band 16#FF) bor (Get(X, Y) band 16#FF00FF00) bor (Blue band 16#FF0000)
-          end):32/little>> || Y <- lists:seq(0, H - 1), X <- lists:seq(0, W - 1) >>.
+    {fun() -> kem:execute(<<"glitch">>, Image, #{params => Params}) end, kem_ref:glitch_ref(Image, W, H, Seed, Strength)}.

@@ -38,15 +38,7 @@ stop(Apps) ->
 
 %%% reference
 
-%% What the double kernel must return: each little-endian u32 word times 2
-%% (mod 2^32), zero words past the input, cut to OutputSize bytes.
-double_ref(Input, OutputSize) ->
-    Pad = (4 - byte_size(Input) rem 4) rem 4,
-    Words = [W || <<W:32/little>> <= <<Input/binary, 0:(Pad * 8)>>],
-    Doubled = << <<((W * 2) band 16#FFFFFFFF):32/little>> || W <- Words >>,
-    OutWords = (OutputSize + 3) div 4,
-    Zeros = max(0, OutWords - length(Words)) * 4,
-    binary:part(<<Doubled/binary, 0:(Zeros * 8)>>, 0, OutputSize).
+double_ref(Input, OutputSize) -> kem_ref:double_ref(Input, OutputSize).
 
 random_bytes(N) -> crypto:strong_rand_bytes(N).
 
