@@ -16,7 +16,7 @@ import reference
 from arweave_fixture import Gateway, make_tx, new_key
 
 ROOT = Path(__file__).resolve().parents[1]
-EBIN = ROOT / "erlang" / "_build" / "default" / "lib" / "kem" / "ebin"
+EBIN = ROOT / "erlang" / "kem" / "_build" / "default" / "lib" / "kem" / "ebin"
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def erl():
     if shutil.which("erl") is None:
         pytest.skip("erl is not installed")
     if not (EBIN / "kem_nif.beam").exists():
-        subprocess.run(["rebar3", "compile"], cwd=ROOT / "erlang", check=True, capture_output=True)
+        subprocess.run(["rebar3", "compile"], cwd=ROOT / "erlang" / "kem", check=True, capture_output=True)
     return shutil.which("erl")
 
 
