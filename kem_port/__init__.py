@@ -5,4 +5,4 @@ terms in ``{packet,4}`` frames and WGSL compute kernels run through wgpu.
 docs/protocol.md is the wire contract.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -27,13 +27,21 @@ class PortError(Exception):
 
 
 class PortClient:
-    """Starts ``python -m kem_port`` and calls it; thread-safe."""
+    """Starts ``python -m kem_port`` (or a script that speaks the same
+    protocol, such as tools/echo_port.py) and calls it; thread-safe."""
 
-    def __init__(self, env: dict[str, str] | None = None, python: str | None = None, module: str = "kem_port") -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        python: str | None = None,
+        module: str = "kem_port",
+        script: str | None = None,
+    ) -> None:
         full_env = dict(os.environ)
         full_env.update(env or {})
+        program = [script] if script is not None else ["-m", module]
         self.proc = subprocess.Popen(
-            [python or sys.executable, "-m", module],
+            [python or sys.executable, *program],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=full_env,

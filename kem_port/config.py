@@ -1,40 +1,105 @@
-"""Settings, read once from ``KEM_*`` environment variables.
+"""Settings: ONE table of every setting, read once from ``KEM_*`` variables.
 
-The Erlang application passes its app env to the port as these variables, so
-this is the one place a setting is parsed and defaulted.
+Each :class:`Setting` has a name, its parser, default and a one-line doc.
+The rule the Erlang app follows: app env key ``foo_bar`` is passed to the
+port as ``KEM_FOO_BAR``, for every setting here. The README's settings
+table is rendered from this list (:func:`settings_table`) and a test
+checks it. An invalid value stops the port at start-up with a message
+naming the variable.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MiB = 1 << 20
 
 
-def _env_int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SystemExit(f"kem_port: {name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise SystemExit(f"kem_port: {name}={value} is below {minimum}")
-    return value
+@dataclass(frozen=True)
+class Setting:
+    name: str  # the app env key; the variable is KEM_<NAME>
+    field: str  # the Config attribute it sets
+    default: Any
+    parse: Callable[[str], Any]  # raises ValueError with the reason
+    shown: str  # the default, as the README shows it
+    doc: str
+
+    @property
+    def env(self) -> str:
+        return "KEM_" + self.name.upper()
 
 
-def _env_list(env: dict[str, str], name: str) -> list[str]:
-    return [item.strip() for item in env.get(name, "").split(",") if item.strip()]
+def _integer(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError("is not an integer") from None
+        if value < minimum:
+            raise ValueError(f"is below {minimum}")
+        return value
+
+    return parse
 
 
-def _choice(env: dict[str, str], name: str, allowed: tuple[str, ...]) -> str:
-    value = env.get(name, allowed[0]).strip().lower() or allowed[0]
-    if value not in allowed:
-        raise SystemExit(f"kem_port: {name}={value!r}: use one of {', '.join(allowed)}")
-    return value
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"is not one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _list(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _ms_to_s(raw: str) -> float:
+    return _integer(1)(raw) / 1000.0
+
+
+GATEWAYS = ["https://arweave.net"]
+S = Setting
+SETTINGS: tuple[Setting, ...] = (
+    S("log", "log_level", "WARNING", str.upper, "`WARNING`", "log level (stderr; stdout carries only frames)"),
+    S("adapter", "adapter", None, _text, "best available", "adapter by index or name substring"),
+    S("max_output_bytes", "max_output_bytes", 256 * MiB, _integer(4), "256 MiB", "largest output; refused beyond, before allocating (the adapter's binding limit also applies)"),
+    S("max_input_bytes", "max_input_bytes", 256 * MiB, _integer(4), "256 MiB", "largest input; refused beyond, before allocating"),
+    S("max_params_bytes", "max_params_bytes", 64 * 1024, _integer(16), "64 KiB", "largest params binary"),
+    S("kernel_dir", "kernel_dir", None, Path, "–", "`<id>.wgsl` files, searched before the packaged examples"),
+    S("queue_limit", "queue_limit", 1024, _integer(1), "1024", "calls queued per port; beyond, `overloaded` at once"),
+    S("max_batch", "max_batch", 64, _integer(1), "64", "most calls in one GPU submission; the batch size adapts below it"),
+    S("pool_bytes", "pool_bytes", 1024 * MiB, _integer(0), "1 GiB", "idle GPU buffers kept for reuse"),
+    S("gateways", "gateways", GATEWAYS, lambda raw: _list(raw) or list(GATEWAYS), "`https://arweave.net`", "comma-separated gateway base URLs, tried in order"),
+    S("verify", "verify", "strict", _choice("strict", "pinned", "strict+pinned", "off"), "`strict`", "`strict`, `pinned`, `strict+pinned`, `off` (above)"),
+    S("allowed_owners", "allowed_owners", [], _list, "–", "comma-separated signer addresses allowed under `strict` (above)"),
+    S("pins", "pins_file", None, Path, "–", "file of lines `<id> <sha256-hex>` for `pinned` (above)"),
+    S("cache_dir", "cache_dir", None, Path, "`~/.cache/kem/kernels`", "verified kernels fetched from gateways"),
+    S("max_kernel_bytes", "max_kernel_bytes", 1 * MiB, _integer(1), "1 MiB", "largest kernel fetched, checked before download"),
+    S("fetch_timeout_ms", "fetch_timeout_s", 10.0, _ms_to_s, "10000", "per gateway request"),
+    S("fetch_retries", "fetch_retries", 2, _integer(0), "2", "per gateway request"),
+    S("test_hooks", "test_hooks", False, lambda raw: raw == "1", "off", "`1` enables the `test_hook` method (tests only)"),
+    S("gpu_timing", "gpu_timing", "auto", _choice("auto", "on", "off"), "`auto`", "GPU timestamps (`auto`: one batch in 16 on real GPUs, none on CPU adapters; `on`: every batch)"),
+    S("poll_spin_us", "poll_spin_us", None, _integer(0), "by adapter", "µs of non-blocking polls before a blocking wait (2000 on GPUs, 0 on CPU adapters; docs/executor.md)"),
+    S("shm_dir", "shm_dir", None, lambda raw: Path(raw).resolve(), "set by the app", "the node's `/dev/shm` directory for large payloads (app env `shm_threshold`, 1 MiB)"),
+)
+del S
+_DEFAULTS = {s.field: s.default for s in SETTINGS}
+
+
+def _default(name: str) -> Any:
+    value = _DEFAULTS[name]
+    return field(default_factory=lambda: list(value)) if isinstance(value, list) else value
 
 
 def _default_cache_dir(env: dict[str, str]) -> Path:
@@ -44,27 +109,27 @@ def _default_cache_dir(env: dict[str, str]) -> Path:
 
 @dataclass(frozen=True)
 class Config:
-    log_level: str = "WARNING"
-    adapter: str | None = None
-    max_output_bytes: int = 256 * MiB
-    max_input_bytes: int = 256 * MiB
-    max_params_bytes: int = 64 * 1024
-    kernel_dir: Path | None = None
-    queue_limit: int = 1024
-    max_batch: int = 64
-    pool_bytes: int = 1024 * MiB
-    gateways: list[str] = field(default_factory=lambda: ["https://arweave.net"])
-    verify: str = "strict"
-    allowed_owners: list[str] = field(default_factory=list)
-    pins_file: Path | None = None
-    cache_dir: Path | None = None
-    max_kernel_bytes: int = 1 * MiB
-    fetch_timeout_s: float = 10.0
-    fetch_retries: int = 2
-    test_hooks: bool = False
-    gpu_timing: str = "auto"
-    shm_dir: Path | None = None
-    poll_spin_us: int | None = None  # None: chosen by adapter type
+    log_level: str = _default("log_level")
+    adapter: str | None = _default("adapter")
+    max_output_bytes: int = _default("max_output_bytes")
+    max_input_bytes: int = _default("max_input_bytes")
+    max_params_bytes: int = _default("max_params_bytes")
+    kernel_dir: Path | None = _default("kernel_dir")
+    queue_limit: int = _default("queue_limit")
+    max_batch: int = _default("max_batch")
+    pool_bytes: int = _default("pool_bytes")
+    gateways: list[str] = _default("gateways")
+    verify: str = _default("verify")
+    allowed_owners: list[str] = _default("allowed_owners")
+    pins_file: Path | None = _default("pins_file")
+    cache_dir: Path | None = _default("cache_dir")
+    max_kernel_bytes: int = _default("max_kernel_bytes")
+    fetch_timeout_s: float = _default("fetch_timeout_s")
+    fetch_retries: int = _default("fetch_retries")
+    test_hooks: bool = _default("test_hooks")
+    gpu_timing: str = _default("gpu_timing")
+    poll_spin_us: int | None = _default("poll_spin_us")  # None: chosen by adapter type
+    shm_dir: Path | None = _default("shm_dir")
 
     @property
     def max_frame_bytes(self) -> int:
@@ -73,33 +138,28 @@ class Config:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Config":
+        """Every setting from its variable; unset or blank means the default.
+        Raises SystemExit naming the variable when a value is invalid."""
         env = dict(os.environ if env is None else env)
-        kernel_dir = env.get("KEM_KERNEL_DIR")
-        pins = env.get("KEM_PINS")
-        cache_dir = env.get("KEM_CACHE_DIR")
-        verify = env.get("KEM_VERIFY", "strict").strip().lower()
-        if verify not in ("strict", "pinned", "strict+pinned", "off"):
-            raise SystemExit(f"kem_port: KEM_VERIFY={verify!r}: use strict, pinned, strict+pinned or off")
-        return cls(
-            log_level=env.get("KEM_LOG", "WARNING").upper(),
-            adapter=env.get("KEM_ADAPTER") or None,
-            max_output_bytes=_env_int(env, "KEM_MAX_OUTPUT_BYTES", 256 * MiB, 4),
-            max_input_bytes=_env_int(env, "KEM_MAX_INPUT_BYTES", 256 * MiB, 4),
-            max_params_bytes=_env_int(env, "KEM_MAX_PARAMS_BYTES", 64 * 1024, 16),
-            kernel_dir=Path(kernel_dir) if kernel_dir else None,
-            queue_limit=_env_int(env, "KEM_QUEUE_LIMIT", 1024, 1),
-            max_batch=_env_int(env, "KEM_MAX_BATCH", 64, 1),
-            pool_bytes=_env_int(env, "KEM_POOL_BYTES", 1024 * MiB, 0),
-            gateways=_env_list(env, "KEM_GATEWAYS") or ["https://arweave.net"],
-            verify=verify,
-            allowed_owners=_env_list(env, "KEM_ALLOWED_OWNERS"),
-            pins_file=Path(pins) if pins else None,
-            cache_dir=Path(cache_dir) if cache_dir else _default_cache_dir(env),
-            max_kernel_bytes=_env_int(env, "KEM_MAX_KERNEL_BYTES", 1 * MiB, 1),
-            fetch_timeout_s=float(_env_int(env, "KEM_FETCH_TIMEOUT_MS", 10_000, 1)) / 1000.0,
-            fetch_retries=_env_int(env, "KEM_FETCH_RETRIES", 2, 0),
-            test_hooks=env.get("KEM_TEST_HOOKS") == "1",
-            gpu_timing=_choice(env, "KEM_GPU_TIMING", ("auto", "on", "off")),
-            shm_dir=Path(env["KEM_SHM_DIR"]).resolve() if env.get("KEM_SHM_DIR") else None,
-            poll_spin_us=_env_int(env, "KEM_POLL_SPIN_US", -1, 0) if env.get("KEM_POLL_SPIN_US", "").strip() else None,
-        )
+        values = {s.field: _read(s, env) for s in SETTINGS}
+        if values["cache_dir"] is None:
+            values["cache_dir"] = _default_cache_dir(env)
+        return cls(**values)
+
+
+def _read(setting: Setting, env: dict[str, str]) -> Any:
+    raw = env.get(setting.env)
+    if raw is None or raw.strip() == "":
+        default = setting.default
+        return list(default) if isinstance(default, list) else default
+    try:
+        return setting.parse(raw.strip())
+    except ValueError as exc:
+        raise SystemExit(f"kem_port: {setting.env}={raw!r} {exc}") from None
+
+
+def settings_table() -> str:
+    """The README's settings table, one row per setting."""
+    rows = ["| variable (app env key) | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{s.env}` (`{s.name}`) | {s.shown} | {s.doc} |" for s in SETTINGS]
+    return "\n".join(rows)

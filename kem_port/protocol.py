@@ -8,21 +8,22 @@ docs/protocol.md is the normative description.
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
-from kem_port.framing import read_into
+from kem_port.gpu.calls import KernelCall
 from kem_port.terms import atom_name, binary_bytes
 
 KERNEL_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_REQ_ID = (1 << 64) - 1
+PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
-INLINE_METHODS = ("ping", "hello", "adapter_info", "stats", "config", "test_hook")
+INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "stats", "config", "test_hook")
 EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
 
 
@@ -31,24 +32,6 @@ class Call:
     req_id: int
     method: str
     args: tuple
-
-
-@dataclass(frozen=True)
-class KernelCall:
-    kernel_id: str
-    input: bytes | memoryview
-    output_size: int
-    params: bytes | None = None
-    workgroups: tuple[int, int, int] | None = None
-    entry_point: str = "main"
-    output_path: str | None = None  # result goes to this shared-memory file
-
-    @property
-    def param_words(self) -> tuple[int, ...]:
-        if not self.params:
-            return ()
-        usable = len(self.params) // 4 * 4
-        return tuple(int.from_bytes(self.params[i : i + 4], "little") for i in range(0, usable, 4))
 
 
 def parse_call(term: Any) -> Call:
@@ -101,45 +84,29 @@ def _positive_int(value: Any, what: str, maximum: int) -> int:
     return value
 
 
-def _input(value: Any, config: Config) -> bytes | memoryview:
+def _no_shm(value: Any) -> Any:
+    raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
+
+
+@dataclass(frozen=True)
+class Shm:
+    """How `{shm, Path}` arguments are read (shm.py): the protocol checks
+    shapes only and never touches a file itself."""
+
+    read_input: Callable[[Any], memoryview] = _no_shm
+    output_path: Callable[[Any], str] = _no_shm
+
+
+NO_SHM = Shm()
+
+
+def _input(value: Any, config: Config, shm: Shm) -> bytes | memoryview:
     if isinstance(value, tuple) and len(value) == 2 and atom_name(value[0]) == "shm":
-        return _shm_input(value[1], config)
+        return shm.read_input(value[1])
     data = _binary(value, "Input")
     if len(data) > config.max_input_bytes:
         raise too_large(f"input of {len(data)} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
     return data
-
-
-def shm_path(value: Any, config: Config) -> str:
-    """A file the node put in its shared-memory directory (KEM_SHM_DIR),
-    and nowhere else: the path must resolve inside that directory."""
-    raw = binary_bytes(value)
-    if config.shm_dir is None or raw is None:
-        raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
-    path = os.path.realpath(raw.decode("utf-8", "replace"))
-    if os.path.dirname(path) != str(config.shm_dir):
-        raise bad_args("shared-memory path is outside KEM_SHM_DIR")
-    return path
-
-
-def _shm_input(value: Any, config: Config) -> memoryview:
-    path = shm_path(value, config)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size > config.max_input_bytes:
-            raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
-        # Read, not mmap: a mapped file truncated under us would kill the
-        # port with SIGBUS; a read that comes up short is a clear error.
-        view = memoryview(bytearray(size))
-        if read_into(fd, view) < size:
-            raise bad_args("shared-memory input shrank while being read")
-        return view
-    finally:
-        os.close(fd)
 
 
 def _params(value: Any, config: Config) -> bytes:
@@ -183,25 +150,25 @@ def _arity(args: tuple, n: int, shape: str) -> None:
         raise bad_args(f"expected Args {shape}")
 
 
-def kernel_call(method: str, args: tuple, config: Config) -> KernelCall:
+def kernel_call(method: str, args: tuple, config: Config, shm: Shm = NO_SHM) -> KernelCall:
     if method == "execute_kernel":
         _arity(args, 3, "{KernelId, Input, OutputSizeHint}")
-        kid, data = _kernel_id(args[0]), _input(args[1], config)
+        kid, data = _kernel_id(args[0]), _input(args[1], config, shm)
         hint = _positive_int(args[2], "OutputSizeHint", config.max_output_bytes)
         return KernelCall(kid, data, _output_size(len(data), hint, config))
     if method == "execute_kernel_with_params":
         _arity(args, 3, "{KernelId, Input, Params}")
-        kid, data = _kernel_id(args[0]), _input(args[1], config)
+        kid, data = _kernel_id(args[0]), _input(args[1], config, shm)
         params = _params(args[2], config)
         return KernelCall(kid, data, _output_size(len(data), 1, config), params=params)
     if method == "execute":
         _arity(args, 3, "{KernelId, Input, Opts}")
-        kid, data = _kernel_id(args[0]), _input(args[1], config)
-        return _execute_opts(kid, data, args[2], config)
+        kid, data = _kernel_id(args[0]), _input(args[1], config, shm)
+        return _execute_opts(kid, data, args[2], config, shm)
     raise KemError("unknown_method", method)
 
 
-def _execute_opts(kid: str, data: bytes, opts: Any, config: Config) -> KernelCall:
+def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config, shm: Shm) -> KernelCall:
     if not isinstance(opts, dict):
         raise bad_args("Opts must be a map")
     named: dict[str, Any] = {}
@@ -224,5 +191,5 @@ def _execute_opts(kid: str, data: bytes, opts: Any, config: Config) -> KernelCal
     params = _params(named["params"], config) if "params" in named else None
     groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
     entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
-    out_path = shm_path(named["output_shm"], config) if "output_shm" in named else None
+    out_path = shm.output_path(named["output_shm"]) if "output_shm" in named else None
     return KernelCall(kid, data, size, params, groups, entry, out_path)

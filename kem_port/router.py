@@ -1,51 +1,44 @@
-"""Every request's road through the port, in one place.
+"""Every request's road through the port: decode, check, route, reply.
 
 A frame is decoded and its envelope checked; quick methods (ping, hello,
-stats, config, adapter_info) are answered on the reader thread. Kernel calls
-are checked, their source resolved (local directories and the verified
-cache inline, a gateway fetch on a worker thread) and queued for the GPU
-thread, which runs them in batches. The queue is bounded: when it is full
-the caller hears ``overloaded`` at once instead of waiting on a growing
-backlog.
-
-One exception to the hand-off: a small call to a compiled kernel that
-arrives while the GPU is idle, nothing is queued and no other frame is
-waiting in the pipe runs on the reader thread itself. Waking the GPU
-thread cost ~400 us of a ~900 us small call on lavapipe (docs/executor.md);
-under load the pipe is never empty, so calls still queue and batch.
+version, stats, config, adapter_info) are answered on the reader thread.
+Kernel calls are checked, their source resolved (local directories and
+the verified cache inline, a gateway fetch on a worker thread) and handed
+to the GPU loop (gpu_loop.py), which runs them in batches. The queue is
+bounded: when it is full the caller hears ``overloaded`` at once instead of
+waiting on a growing backlog. A lone small call to a compiled kernel may
+run inline on the reader (gpu_loop.py says why).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kem_port import terms
-from kem_port.batching import BatchSizer
+from kem_port import __version__, shm, terms
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.executor import Executor, Flight, Job
-from kem_port.framing import FrameWriter, write_all
+from kem_port.framing import FrameWriter
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.executor import Executor
+from kem_port.gpu_loop import SMALL_CALL, Control, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
-from kem_port.protocol import INLINE_METHODS, KERNEL_METHODS, KernelCall, RequestError, kernel_call, parse_call
+from kem_port.protocol import (
+    INLINE_METHODS,
+    KERNEL_METHODS,
+    PROTOCOL_VERSION,
+    RequestError,
+    Shm,
+    kernel_call,
+    parse_call,
+)
 from kem_port.stats import Stats
 
 log = logging.getLogger("kem_port.router")
-
-Control = Callable[[Executor], None]
-BATCH_BYTES = 64 << 20  # of input or output, whichever is larger, per batch
-SMALL_CALL = 64 << 10  # batches of calls this small teach the batch sizer
-
-
-def _call_bytes(job: Job) -> int:
-    """What a call puts in a batch's buffers: the larger of input and output."""
-    return max(job.call.output_size, len(job.call.input))
 
 
 class Router:
@@ -64,16 +57,13 @@ class Router:
         self.resolver = resolver
         self.writer = writer
         self.input_waiting = input_waiting
-        # Held by whichever thread runs the executor: the GPU thread for
-        # batches, the reader for an inline call.
-        self._executor_lock = threading.Lock()
-        self.gpu_queue: queue.Queue[Job | Control] = queue.Queue(maxsize=config.queue_limit)
+        memory = shm.SharedMemory(config.shm_dir, config.max_input_bytes)
+        self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
+        self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kem-fetch")
-        self._gpu_thread = threading.Thread(target=self._gpu_loop, name="kem-gpu", daemon=True)
-        self.sizer = BatchSizer(config.max_batch)
 
     def start(self) -> None:
-        self._gpu_thread.start()
+        self.loop.start()
 
     # -- replies ----------------------------------------------------------
 
@@ -83,6 +73,18 @@ class Router:
     def reply_error(self, req_id: Any, error: KemError) -> None:
         self.stats.error(error.reason)
         self.writer.write([terms.error_reply(req_id, error.reason, error.detail)])
+
+    def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
+        if call.output_path is None:
+            self.writer.write(terms.ok_binary_reply(req_id, view))
+            return
+        # The reply carries only the size of the file the result went to.
+        try:
+            shm.write_result(call.output_path, view)
+        except KemError as exc:
+            self.reply_error(req_id, exc)
+            return
+        self.writer.write([terms.ok_reply(req_id, (terms.atom("shm"), call.output_path, len(view)))])
 
     # -- reader thread ----------------------------------------------------
 
@@ -103,7 +105,7 @@ class Router:
 
     def _route(self, req_id: int, method: str, args: tuple) -> None:
         if method in KERNEL_METHODS:
-            self._kernel(req_id, kernel_call(method, args, self.config))
+            self._kernel(req_id, kernel_call(method, args, self.config, self.shm))
         elif method in INLINE_METHODS:
             self._inline(req_id, method, args)
         else:
@@ -119,6 +121,8 @@ class Router:
             self.reply_ok(req_id, terms.atom("pong"))
         elif method == "hello":
             self.reply_ok(req_id, b"Hello world!")
+        elif method == "version":
+            self.reply_ok(req_id, {"package": __version__, "protocol": PROTOCOL_VERSION})
         elif method == "adapter_info":
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))
@@ -140,11 +144,13 @@ class Router:
         }
 
     def _live_stats(self) -> dict:
-        live: dict[str, Any] = {"queue_depth": self.gpu_queue.qsize(), "batch_cap": self.sizer.limit()}
+        live: dict[str, Any] = self.loop.describe()
         live.update(self.executor.describe())
         if self.resolver.remote is not None:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
         return live
+
+    # -- kernel calls -----------------------------------------------------
 
     def _kernel(self, req_id: int, call: KernelCall) -> None:
         source = self.resolver.resolve_local(call.kernel_id)
@@ -177,60 +183,31 @@ class Router:
             reply=lambda view, r=req_id, c=call: self._reply_result(r, c, view),
             fail=lambda err, r=req_id: self.reply_error(r, err),
         )
-        if may_inline and self._run_inline(job):
+        if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
+            self.stats.inc("inline_calls")
             return
         try:
-            self.gpu_queue.put_nowait(job)
-        except queue.Full:
+            self.loop.put(job)
+        except QueueFull:
             self.stats.inc("overloaded")
             raise RequestError(
                 req_id, KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port")
             ) from None
 
-    def _run_inline(self, job: Job) -> bool:
-        """Run a lone small call on this (the reader) thread; False if it must queue.
-
-        Only calls that cannot hold the reader long qualify: small, no
-        explicit workgroup count, kernel already compiled. The lock and the
-        empty queue keep batches and inline calls from overtaking each other.
-        """
+    def _may_run_inline(self, job: Job) -> bool:
+        """Only calls that cannot hold the reader long: small, no explicit
+        workgroup count, no shared-memory result, kernel already compiled,
+        and no other frame waiting in the pipe."""
         call = job.call
-        if (
-            _call_bytes(job) > SMALL_CALL
+        return not (
+            call.batch_bytes > SMALL_CALL
             or call.workgroups is not None
             or call.output_path is not None
             or not self.executor.is_warm(job.source, call)
             or self.input_waiting()
-        ):
-            return False
-        if not self._executor_lock.acquire(blocking=False):
-            return False
-        try:
-            if not self.gpu_queue.empty():
-                return False
-            self.stats.inc("inline_calls")
-            self._land(self._step(None, [job]))
-            return True
-        finally:
-            self._executor_lock.release()
+        )
 
-    def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
-        if call.output_path is None:
-            self.writer.write(terms.ok_binary_reply(req_id, view))
-            return
-        # The node named a file in its shared-memory directory: the result
-        # goes there (one copy from the mapped staging buffer into tmpfs)
-        # and the reply carries only its size. The node deletes the file.
-        try:
-            fd = os.open(call.output_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                write_all(fd, [view])
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            self.reply_error(req_id, KemError("shm_error", f"cannot write the result: {exc.strerror}"))
-            return
-        self.writer.write([terms.ok_reply(req_id, (terms.atom("shm"), call.output_path, len(view)))])
+    # -- test hooks (KEM_TEST_HOOKS=1) -----------------------------------
 
     def _test_hook(self, req_id: int, args: tuple) -> None:
         if not self.config.test_hooks:
@@ -259,88 +236,6 @@ class Router:
             self.reply_ok(req_id, terms.atom("ok"))
 
         try:
-            self.gpu_queue.put_nowait(run)
-        except queue.Full:
+            self.loop.put(run)
+        except QueueFull:
             raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None
-
-    # -- GPU thread -------------------------------------------------------
-
-    def _gpu_loop(self) -> None:
-        while True:
-            first = self.gpu_queue.get()
-            with self._executor_lock:
-                self._serve(first)
-
-    def _serve(self, item: Job | Control | None) -> None:
-        """Run batches back to back while calls keep coming, each encoded
-        while the one before it is on the GPU (Executor.step); return when
-        the queue is empty and nothing is in flight."""
-        flight: Flight | None = None
-        while item is not None or flight is not None:
-            batch, control = self._batch_from(item)
-            landing = flight
-            flight = self._step(flight, batch)
-            if landing is not None:
-                self._learn(landing)
-            if control is not None:
-                # A control action (test hooks) runs with nothing in flight.
-                self._land(flight)
-                flight = None
-                self._run_control(control)
-            item = self._next_nowait()
-
-    def _batch_from(self, item: Job | Control | None) -> tuple[list[Job], Control | None]:
-        if item is None:
-            return [], None
-        if not isinstance(item, Job):
-            return [], item
-        return self._drain(item)
-
-    def _next_nowait(self) -> Job | Control | None:
-        try:
-            return self.gpu_queue.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _step(self, flight: Flight | None, batch: list[Job]) -> Flight | None:
-        try:
-            with self.writer.gathered():
-                return self.executor.step(flight, batch)
-        except Exception as exc:  # a bug must not kill the GPU thread or leave a caller waiting
-            log.exception("executor failed")
-            error = KemError("internal", f"{type(exc).__name__}: {exc}")
-            for job in batch + (flight.jobs if flight is not None else []):
-                job.refuse(error)
-            return None
-
-    def _land(self, flight: Flight | None) -> None:
-        """Finish a batch in flight, submitting nothing after it."""
-        if flight is not None:
-            self._step(flight, [])
-            self._learn(flight)
-
-    def _learn(self, landed: Flight) -> None:
-        """Teach the batch sizer what a batch cost from encoding to delivery."""
-        small = all(_call_bytes(job) <= SMALL_CALL for job in landed.jobs)
-        self.sizer.record(len(landed.items), landed.spent, small)
-
-    def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
-        """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""
-        batch = [first]
-        total = _call_bytes(first)
-        cap = self.sizer.limit()
-        while len(batch) < cap and total < BATCH_BYTES:
-            item = self._next_nowait()
-            if item is None:
-                break
-            if not isinstance(item, Job):
-                return batch, item
-            batch.append(item)
-            total += _call_bytes(item)
-        return batch, None
-
-    def _run_control(self, control: Control) -> None:
-        try:
-            control(self.executor)
-        except Exception:
-            log.exception("control action failed")

@@ -14,12 +14,12 @@ import os
 import sys
 
 from kem_port.config import Config
-from kem_port.executor import Executor
+from kem_port.errors import KemError
 from kem_port.framing import FrameWriter, OversizedFrame, read_frame
+from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
 from kem_port.router import Router
 from kem_port.stats import Stats
-from kem_port.errors import KemError
 from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting
 
 log = logging.getLogger("kem_port")
@@ -64,8 +64,3 @@ def serve(in_fd: int, out_fd: int) -> int:
     log.info("stdin closed; exiting")
     os._exit(0)
 
-
-def main() -> int:
-    from kem_port.__main__ import main as port_main
-
-    return port_main()

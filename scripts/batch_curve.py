@@ -16,9 +16,10 @@ import sys
 import time
 
 from kem_port.config import Config
-from kem_port.executor import Executor, Job
+from kem_port.gpu.executor import Executor
+from kem_port.gpu.calls import Job
 from kem_port.kernel_store import default_stores
-from kem_port.protocol import KernelCall
+from kem_port.gpu.calls import KernelCall
 from kem_port.stats import Stats
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -16,10 +16,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import wait
+from pathlib import Path
 
 from kem_port import terms
 from kem_port.client import PortClient
 
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 SMALL = bytes([1, 3, 5, 7])
 PARAMS = {
     "quick": dict(small_calls=2000, seconds=2, bulk_mb=[1, 16, 64], bulk_reps=3, seed_calls=20, ports=[1]),
@@ -117,7 +119,7 @@ def bulk(port: PortClient, mb: int, reps: int, shm: bool = False) -> float:
 
 
 def seed_design(calls: int) -> dict:
-    out = subprocess.run([sys.executable, "-m", "kem_port.seed_design", str(calls)],
+    out = subprocess.run([sys.executable, str(TOOLS / "seed_design.py"), str(calls)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -131,7 +133,7 @@ def main(argv: list[str]) -> int:
     out_file = argv[2] if len(argv) > 2 else "bench.json"
     p = PARAMS[mode]
     os.makedirs(SHM_DIR, exist_ok=True)
-    with PortClient({"KEM_SHM_DIR": SHM_DIR}) as port, PortClient(module="kem_port.echo") as echo:
+    with PortClient({"KEM_SHM_DIR": SHM_DIR}) as port, PortClient(script=str(TOOLS / "echo_port.py")) as echo:
         info = json.loads(port.call("adapter_info"))
         limit = info["limits"]["max_storage_buffer_binding_size"]
         assert port.call("execute_kernel", b"double", SMALL, 1) == bytes([2, 6, 10, 14])

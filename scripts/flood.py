@@ -9,10 +9,13 @@ import json
 import sys
 import time
 from concurrent.futures import wait
+from pathlib import Path
 
-from kem_port import terms
-from kem_port.client import PortClient
-from kem_port.fuzz import max_rss_kib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from kem_port import terms  # noqa: E402
+from kem_port.client import PortClient  # noqa: E402
+from fuzz import max_rss_kib  # noqa: E402
 
 
 def rss_kib(pid: int) -> int:

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The tools (tools/fuzz.py, ...) are scripts, not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from kem_port.client import PortClient  # noqa: E402
 

@@ -9,9 +9,10 @@ import pytest
 import reference
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.executor import Executor, Job
+from kem_port.gpu.executor import Executor
+from kem_port.gpu.calls import Job
 from kem_port.kernel_store import KernelSource, default_stores, source_from_bytes
-from kem_port.protocol import KernelCall
+from kem_port.gpu.calls import KernelCall
 from kem_port.stats import Stats
 
 

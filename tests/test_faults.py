@@ -13,7 +13,7 @@ import reference
 from conftest import start_port
 from kem_port import terms
 from kem_port.client import PortError
-from kem_port.fuzz import fuzz, max_rss_kib
+from fuzz import fuzz, max_rss_kib
 
 
 def test_fuzzed_frames_all_answered_port_survives():

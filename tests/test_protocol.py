@@ -34,6 +34,22 @@ def test_hello_ping_adapter_info(port):
     assert info["limits"]["max_storage_buffer_binding_size"] > 0
 
 
+def test_version_names_the_package_and_the_protocol(port):
+    """The node checks this at start-up: the package version comes from
+    kem_port.__version__ alone, the protocol number from protocol.py."""
+    import kem_port
+    from kem_port.protocol import PROTOCOL_VERSION
+
+    got = port.call("version")
+    assert sorted(terms.atom_name(k) for k in got) == ["package", "protocol"]
+    assert terms.binary_bytes(got[terms.atom("package")]) == kem_port.__version__.encode()
+    assert got[terms.atom("protocol")] == PROTOCOL_VERSION
+    assert PROTOCOL_VERSION == 2 and kem_port.__version__ == "0.2.0"
+    with pytest.raises(PortError) as err:
+        port.call("version", 1)
+    assert err.value.reason == "bad_args"
+
+
 def test_stats_counts_calls_and_errors(port):
     before = port.call("stats")
     port.call("execute_kernel", b"double", b"abcd", 1)

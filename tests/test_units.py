@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kem_port import terms
-from kem_port.dispatch import DispatchLimits, plan_dispatch
+from kem_port.gpu.dispatch import DispatchLimits, plan_dispatch
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter, OversizedFrame, read_frame
-from kem_port.wgsl_reflect import EntryPoint, reflect
+from kem_port.gpu.wgsl_reflect import EntryPoint, reflect
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,4 +1,4 @@
-"""``python -m kem_port.echo``: kem's transport without a GPU, the ceiling
+"""``python tools/echo_port.py``: kem's transport without a GPU, the ceiling
 the benchmark compares against.
 
 Same framing, codec and reply fast path as the real port; a kernel call is

@@ -9,10 +9,8 @@ budget a blocking poll takes over, so a long kernel does not burn a core.
 On a CPU adapter (lavapipe) the "GPU" is the driver's worker threads on the
 same cores, so spinning would slow it: the default there is no spin.
 
-wgpu-py makes neither a non-blocking poll nor a map promise's readiness
-public. The private members used (``GPUDevice._poll``,
-``GPUDevice._poll_wait``, ``GPUPromise._state``) are held in this one file
-and pinned by the ``wgpu>=0.32,<0.33`` requirement.
+The polls and the promise's state are wgpu-py private members, used
+through gpu/wgpu_private.py.
 """
 
 from __future__ import annotations
@@ -21,19 +19,18 @@ import time
 
 import wgpu
 
+from kem_port.gpu.wgpu_private import is_pending, poll_until_idle, poll_without_blocking
+
 
 def wait_for_map(device: wgpu.GPUDevice, promise, spin_s: float) -> None:
     """Return when `promise` (a buffer map after a submit) has resolved;
     raises what the map raised."""
-    if spin_s > 0 and promise._state == "pending":
+    if spin_s > 0 and is_pending(promise):
         deadline = time.perf_counter() + spin_s
         while True:
-            device._poll(False)  # runs the map callback if the work is done
-            if promise._state != "pending" or time.perf_counter() > deadline:
+            poll_without_blocking(device)  # runs the map callback if the work is done
+            if not is_pending(promise) or time.perf_counter() > deadline:
                 break
-    if promise._state == "pending":
-        # Returns when the GPU is done and runs the map callback on this
-        # thread: measured 1.6x faster than map_sync on lavapipe, which
-        # waits on wgpu-py's poller thread (docs/executor.md).
-        device._poll_wait()
+    if is_pending(promise):
+        poll_until_idle(device)
     promise.sync_wait()

@@ -2,7 +2,7 @@
 
 Every call does what the Rust NIF did: a new wgpu adapter and device, a
 shader compile and pipeline, fresh buffers, one dispatch, a read back.
-``python -m kem_port.seed_design N`` runs N such calls of the double kernel
+``python tools/seed_design.py N`` runs N such calls of the double kernel
 on 4 bytes and prints JSON {calls, seconds, calls_per_s, median_ms}.
 """
 

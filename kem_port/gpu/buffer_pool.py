@@ -14,6 +14,8 @@ from collections import OrderedDict, defaultdict
 
 import wgpu
 
+from kem_port.gpu.wgpu_private import tag_serial
+
 MiB = 1 << 20
 MIN_CLASS = 256
 
@@ -60,9 +62,7 @@ class BufferPool:
         self.allocations += 1
         self.live_bytes += cls
         buf = self._device.create_buffer(size=cls, usage=USAGES[kind], label=f"kem-{kind}")
-        # A serial never reused (unlike id()) lets callers cache objects
-        # that refer to this buffer, such as bind groups.
-        buf.kem_serial = self.allocations
+        tag_serial(buf, self.allocations)  # lets bind groups be cached by buffer
         return buf
 
     def give(self, kind: str, buf: wgpu.GPUBuffer) -> None:

@@ -4,7 +4,7 @@ Frames are well framed ({packet,4} is the VM's job) but their terms are
 anything: random bytes, mutations of real requests (bit flips, cuts,
 insertions, splices), deep nesting, absurd declared lengths, valid ETF of
 the wrong shape, valid calls with absurd arguments. Every frame must get
-exactly one reply and the port must stay alive. ``python -m kem_port.fuzz N``
+exactly one reply and the port must stay alive. ``python tools/fuzz.py N``
 prints the figures as JSON; tests/test_faults.py runs a shorter pass.
 """
 

@@ -1,0 +1,69 @@
+"""What the GPU layer is asked to run: a checked kernel call, and a job
+(the call, its kernel source and how to answer its caller).
+
+The wire layer (protocol.py) builds KernelCalls from requests; the GPU
+layer knows nothing of frames or terms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kem_port.errors import KemError
+from kem_port.kernel_store import KernelSource
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    kernel_id: str
+    input: bytes | memoryview
+    output_size: int
+    params: bytes | None = None
+    workgroups: tuple[int, int, int] | None = None
+    entry_point: str = "main"
+    output_path: str | None = None  # result goes to this shared-memory file
+
+    @property
+    def param_words(self) -> tuple[int, ...]:
+        if not self.params:
+            return ()
+        usable = len(self.params) // 4 * 4
+        return tuple(int.from_bytes(self.params[i : i + 4], "little") for i in range(0, usable, 4))
+
+    @property
+    def batch_bytes(self) -> int:
+        """What the call puts in a batch's buffers: the larger of input and output."""
+        return max(self.output_size, len(self.input))
+
+
+@dataclass
+class Job:
+    call: KernelCall
+    source: KernelSource
+    reply: Callable[[memoryview], None]
+    fail: Callable[[KemError], None]
+    enqueued: float = field(default_factory=time.perf_counter)
+    answered: bool = False
+
+    def answer(self, view: memoryview) -> None:
+        """Hand the caller its result, unless it was already answered."""
+        if not self.answered:
+            self.answered = True
+            self.reply(view)
+
+    def refuse(self, error: KemError) -> None:
+        """Hand the caller an error, unless it was already answered."""
+        if not self.answered:
+            self.answered = True
+            self.fail(error)
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """What a landed batch cost, for the batch sizer (gpu_loop.py)."""
+
+    calls: int
+    seconds: float  # in all stages, waiting included
+    largest_call_bytes: int

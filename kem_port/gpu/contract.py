@@ -1,0 +1,110 @@
+"""kem's kernel contract, every binding rule of it in one place.
+
+A kernel reads its input at ``@group(0) @binding(0)`` (``var<storage, read>``
+or ``read_write``), writes its output at ``@binding(1)``
+(``var<storage, read_write>``) and, when called with params, reads them at
+``@binding(2)`` (``var<uniform>``). Nothing else is bound. The binding
+numbers appear in this file only.
+"""
+
+from __future__ import annotations
+
+import wgpu
+
+from kem_port.errors import KemError, bad_args, too_large
+from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape
+
+GROUP = 0
+INPUT, OUTPUT, PARAMS = 0, 1, 2
+UNIFORM_ALIGN = 16  # WGSL's uniform size rounding
+MIN_UNIFORM_BYTES = 256
+
+
+def pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def input_binding_size(call: KernelCall) -> int:
+    """Bound input bytes: padded to whole words, never empty."""
+    return max(pad4(len(call.input)), 4)
+
+
+def output_binding_size(call: KernelCall) -> int:
+    return pad4(call.output_size)
+
+
+def params_binding_size(call: KernelCall) -> int:
+    """Bound uniform bytes (0 without params)."""
+    if call.params is None:
+        return 0
+    return max(align(len(call.params), UNIFORM_ALIGN), MIN_UNIFORM_BYTES)
+
+
+def check_sizes(call: KernelCall, binding_limit: int, uniform_limit: int) -> None:
+    """The call's buffers must fit this adapter's binding limits."""
+    for what, size in (("input", input_binding_size(call)), ("output", output_binding_size(call))):
+        if size > binding_limit:
+            raise too_large(f"{what} of {size} bytes is over this adapter's storage binding limit of {binding_limit}")
+    if call.params is not None and align(len(call.params), UNIFORM_ALIGN) > uniform_limit:
+        raise too_large(f"params of {len(call.params)} bytes exceed the uniform limit {uniform_limit}")
+
+
+def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
+    """The kernel must fit kem's contract: group 0, bindings 0-1 (and 2 with params)."""
+    entry = shape.entry_points.get(call.entry_point)
+    if shape.entry_points and entry is None:
+        raise KemError("bad_kernel", f"no entry point {call.entry_point!r} (found {', '.join(shape.entry_points)})")
+    if entry is not None and entry.stage not in (None, "compute"):
+        raise KemError("bad_kernel", f"entry point {call.entry_point!r} is a {entry.stage} shader, not @compute")
+    if not shape.bindings:
+        return entry
+    extra = [b for b in shape.bindings if b.group != GROUP or b.binding not in (INPUT, OUTPUT, PARAMS)]
+    if extra:
+        b = extra[0]
+        raise KemError("bad_kernel", f"{b.name} at @group({b.group}) @binding({b.binding}): kem binds only group 0, bindings 0-2")
+    output = shape.binding(GROUP, OUTPUT)
+    if output is None or output.address_space != "storage" or output.access != "read_write":
+        raise KemError("bad_kernel", "binding 1 must be the output: var<storage, read_write>")
+    inp = shape.binding(GROUP, INPUT)
+    if inp is None or inp.address_space != "storage":
+        raise KemError("bad_kernel", "binding 0 must be the input: var<storage, read>")
+    uniform = shape.binding(GROUP, PARAMS)
+    if uniform is not None and uniform.address_space != "uniform":
+        raise KemError("bad_kernel", "binding 2 must be the params: var<uniform>")
+    if call.params is not None and uniform is None:
+        raise bad_args("params given, but the kernel declares no @binding(2) var<uniform>")
+    if call.params is None and uniform is not None:
+        raise bad_args("the kernel reads params (@binding(2)); call it with params")
+    return entry
+
+
+def layout_entries(shape: KernelShape, has_params: bool) -> list[dict]:
+    """The bind group layout of a kernel: the input read-only unless the
+    kernel declares it read_write."""
+    input_binding = shape.binding(GROUP, INPUT)
+    input_type = "storage" if input_binding is not None and input_binding.access == "read_write" else "read-only-storage"
+    entries = [
+        {"binding": INPUT, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": input_type}},
+        {"binding": OUTPUT, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "storage"}},
+    ]
+    if has_params:
+        entries.append({"binding": PARAMS, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "uniform"}})
+    return entries
+
+
+def group_entries(
+    inputs: tuple[wgpu.GPUBuffer, int, int],
+    outputs: tuple[wgpu.GPUBuffer, int, int],
+    params: tuple[wgpu.GPUBuffer, int, int] | None,
+) -> list[dict]:
+    """A call's bind group: each (buffer, offset, size) at its binding."""
+    bound = [(INPUT, inputs), (OUTPUT, outputs)] + ([(PARAMS, params)] if params is not None else [])
+    return [
+        {"binding": binding, "resource": {"buffer": buf, "offset": offset, "size": size}}
+        for binding, (buf, offset, size) in bound
+    ]

@@ -1,0 +1,213 @@
+"""Running jobs on one GPU, and what a failure means for their callers.
+
+:class:`Executor` ties a :class:`~kem_port.gpu.device.Device`, its
+pipeline caches and the batch stages together. ``run(jobs)`` encodes a
+batch into one command encoder, submits once, waits once and hands each
+caller a view of its bytes in the mapped staging buffer; ``step`` does the
+same for a stream of batches, each encoded while the one before it
+computes (docs/executor.md). Every job is answered exactly once.
+
+A batch goes through four stages (gpu/batch.py): encode, submit, wait and
+read back. step() overlaps two batches: the next one is encoded while the
+previous one computes, and the previous one is delivered while the next
+one computes. The next batch is submitted only after the previous one's
+wait, because wgpu-py's blocking poll waits for everything submitted (it
+passes no submission index).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import wgpu
+
+from kem_port.config import Config
+from kem_port.errors import KemError
+from kem_port.gpu.batch import Flight, Stages
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.device import Device
+from kem_port.gpu.pipelines import Pipelines, gpu_message
+from kem_port.gpu.plan import Prepared, prepare
+from kem_port.kernel_store import KernelSource
+from kem_port.stats import Stats
+
+log = logging.getLogger("kem_port.gpu.executor")
+
+LOST_MARKERS = ("device lost", "devicelost", "device is lost", "context lost", "destroyed", "gpu reset")
+
+
+def is_device_lost(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in LOST_MARKERS)
+
+
+class Executor:
+    def __init__(self, config: Config, stats: Stats) -> None:
+        self.stats = stats
+        self.gpu = Device(config, stats)
+        self.pipelines = Pipelines(stats)
+        self.stages = Stages(self.gpu, self.pipelines, stats)
+
+    # -- the device -------------------------------------------------------
+
+    def open(self) -> None:
+        self.pipelines.clear()
+        self.gpu.open()
+
+    def rebuild(self) -> None:
+        self.pipelines.clear()
+        self.gpu.rebuild()
+
+    @property
+    def spin_s(self) -> float:
+        return self.gpu.spin_s
+
+    @property
+    def info(self) -> dict:
+        return self.gpu.info
+
+    def adapter_info_json(self, extra: dict | None = None) -> bytes:
+        return self.gpu.adapter_info_json(extra)
+
+    def is_warm(self, source: KernelSource, call: KernelCall) -> bool:
+        """Whether a call would find its device open and pipeline compiled."""
+        return self.gpu.device is not None and self.pipelines.has(source, call)
+
+    def describe(self) -> dict:
+        extra = {"pipelines_cached": len(self.pipelines)}
+        if self.gpu.pool is not None:
+            extra.update(self.gpu.pool.describe())
+        return extra
+
+    def destroy_device_for_test(self) -> None:
+        self.gpu.destroy_for_test()
+
+    # -- running batches --------------------------------------------------
+
+    def run(self, jobs: list[Job]) -> None:
+        """Run jobs to the end; each job is answered exactly once."""
+        flight = self.step(None, jobs)
+        while flight is not None:
+            flight = self.step(flight, [])
+
+    def step(self, previous: Flight | None, jobs: list[Job]) -> Flight | None:
+        """Encode jobs while `previous` is on the GPU, land `previous`, and
+        return the new batch, submitted and still in flight (or None).
+
+        `previous` always lands here: every one of its callers has been
+        answered when step returns (its cost is then ``previous.cost()``).
+        """
+        ready = self._prepare_all(jobs)
+        flight: Flight | None = None
+        if ready:
+            try:
+                flight = self.stages.encode(ready)
+            except Exception as exc:
+                self._land(previous)
+                previous = None
+                self._recover(ready, exc)
+        if previous is not None and not self._wait(previous):
+            if flight is not None and self.gpu.device is not flight.device:
+                self._fail_flight(flight, KemError("device_lost", "the GPU device was lost before this batch ran"))
+                flight = None
+            previous = None
+        if flight is not None:
+            try:
+                self.stages.submit(flight)
+            except Exception as exc:
+                self._land(previous)
+                previous = None
+                flight.release()
+                self._recover(flight.items, exc)
+                flight = None
+        if previous is not None:
+            self._deliver(previous)
+        return flight
+
+    def _land(self, flight: Flight | None) -> None:
+        """Wait for a submitted batch and answer its callers."""
+        if flight is not None and self._wait(flight):
+            self._deliver(flight)
+
+    def _prepare_all(self, jobs: list[Job]) -> list[Prepared]:
+        """Check and compile for each call; a call that fails alone is answered now."""
+        if not jobs:
+            return []
+        if self.gpu.device is None:
+            try:
+                self.open()
+            except Exception as exc:  # report, keep serving non-GPU calls
+                error = exc if isinstance(exc, KemError) else KemError("no_adapter", str(exc))
+                for job in jobs:
+                    job.refuse(error)
+                return []
+        ready: list[Prepared] = []
+        for job in jobs:
+            if job.call.output_size == 0:
+                job.answer(memoryview(b""))
+                continue
+            try:
+                ready.append(prepare(job, self.gpu, self.pipelines))
+            except KemError as exc:
+                job.refuse(exc)
+            except wgpu.GPUError as exc:
+                self._gpu_failure([job], exc)
+        return ready
+
+    def _wait(self, flight: Flight) -> bool:
+        """False (and every caller answered) when the batch failed."""
+        try:
+            self.stages.wait(flight)
+        except Exception as exc:
+            flight.release()
+            self._gpu_failure(flight.jobs, exc)
+            return False
+        return True
+
+    def _deliver(self, flight: Flight) -> None:
+        """Answer each caller from its slice of the mapped staging buffer."""
+        started = time.perf_counter()
+        try:
+            later = self.stages.read(flight)
+        except Exception as exc:
+            self._fail_flight(flight, KemError("gpu_error", f"reading the results failed: {gpu_message(exc)}"))
+            return
+        flight.release()
+        self.stats.batch(len(flight.items))
+        # Small results go out last, once this thread's bookkeeping is done:
+        # the caller's next request then finds the GPU thread already
+        # waiting instead of competing with it for the GIL.
+        for job, data in later:
+            self.stages.answer(job, memoryview(data))
+        elapsed = time.perf_counter() - started
+        flight.spent += elapsed
+        self.stats.add_time("readback", elapsed)
+
+    def _recover(self, items: list[Prepared], exc: BaseException) -> None:
+        """A batch failed as a whole (nothing in flight now): if the device
+        lives, run each call alone so one bad call cannot fail the others."""
+        if len(items) == 1 or is_device_lost(exc):
+            self._gpu_failure([i.job for i in items], exc)
+            return
+        for item in items:
+            self.run([item.job])  # a batch of one: its failure is its own
+
+    def _gpu_failure(self, jobs: list[Job], exc: BaseException) -> None:
+        if is_device_lost(exc):
+            log.error("device lost: %s; rebuilding", exc)
+            for job in jobs:
+                job.refuse(KemError("device_lost", f"the GPU device was lost: {gpu_message(exc)}"))
+            try:
+                self.rebuild()
+            except Exception as rebuild_exc:
+                log.error("rebuild failed: %s", rebuild_exc)
+                self.gpu.close()
+            return
+        for job in jobs:
+            job.refuse(KemError("gpu_error", gpu_message(exc)))
+
+    def _fail_flight(self, flight: Flight, error: KemError) -> None:
+        flight.release()
+        for job in flight.jobs:
+            job.refuse(error)

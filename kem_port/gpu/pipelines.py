@@ -1,0 +1,129 @@
+"""Compiled pipelines and bind groups, cached for one device.
+
+A pipeline is compiled once per (kernel sha256, entry point, with or
+without params) and kept in an LRU of PIPELINE_CACHE_SIZE; bind groups are
+cached by buffer serial, offsets and sizes, so steady traffic (the same
+pooled buffers, the same shapes) creates none. Both caches are emptied
+when the device is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import wgpu
+
+from kem_port.errors import KemError
+from kem_port.gpu import contract
+from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.wgpu_private import serial_of
+from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape, reflect
+from kem_port.kernel_store import KernelSource
+from kem_port.stats import Stats
+
+log = logging.getLogger("kem_port.gpu.pipelines")
+
+PIPELINE_CACHE_SIZE = 256
+BIND_GROUP_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    pipeline: wgpu.GPUComputePipeline
+    layout: wgpu.GPUBindGroupLayout
+    entry: EntryPoint | None
+    serial: int  # never reused, unlike id(): keys the bind group cache
+
+
+def gpu_message(exc: BaseException) -> str:
+    """A wgpu/naga error as a caller reads it (bounded)."""
+    text = str(exc).strip()
+    return text[:4000] if text else type(exc).__name__
+
+
+def _key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool]:
+    return (source.sha256, call.entry_point, call.params is not None)
+
+
+class Pipelines:
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self._cache: OrderedDict[tuple, Pipeline] = OrderedDict()
+        self._shapes: dict[str, KernelShape] = {}
+        self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
+        self._serial = 0
+
+    def clear(self) -> None:
+        """Forget what belonged to a device that is gone."""
+        self._cache.clear()
+        self._bind_groups.clear()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def has(self, source: KernelSource, call: KernelCall) -> bool:
+        return _key(source, call) in self._cache
+
+    def _shape(self, source: KernelSource) -> KernelShape:
+        shape = self._shapes.get(source.sha256)
+        if shape is None:
+            shape = self._shapes[source.sha256] = reflect(source.text)
+        return shape
+
+    def get(self, device: wgpu.GPUDevice, source: KernelSource, call: KernelCall) -> Pipeline:
+        key = _key(source, call)
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            self.stats.inc("pipeline_hits")
+            return found
+        self.stats.inc("pipeline_misses")
+        shape = self._shape(source)
+        entry = contract.check_layout(shape, call)
+        started = time.perf_counter()
+        pipeline, layout = _compile(device, source, call.entry_point, shape, call.params is not None)
+        elapsed = time.perf_counter() - started
+        self.stats.inc("compiles")
+        self.stats.add_time("compile", elapsed)
+        log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
+        self._serial += 1
+        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial)
+        while len(self._cache) > PIPELINE_CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return result
+
+    def bind_group(self, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None):
+        """A bind group for (buffer, offset, size) of input, output and params."""
+        key = (pipeline.serial,) + _bound_key(inputs) + _bound_key(outputs) + (_bound_key(params) if params else (0, 0, 0))
+        group = self._bind_groups.get(key)
+        if group is not None:
+            self._bind_groups.move_to_end(key)
+            self.stats.inc("bind_group_hits")
+            return group
+        group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params))
+        self._bind_groups[key] = group
+        while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
+            self._bind_groups.popitem(last=False)
+        return group
+
+
+def _bound_key(bound: tuple) -> tuple[int, int, int]:
+    buf, offset, size = bound
+    return (serial_of(buf), offset, size)
+
+
+def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, shape: KernelShape, has_params: bool):
+    try:
+        module = device.create_shader_module(code=source.text, label=source.kernel_id)
+    except wgpu.GPUError as exc:
+        raise KemError("shader_error", gpu_message(exc)) from None
+    try:
+        layout = device.create_bind_group_layout(entries=contract.layout_entries(shape, has_params))
+        pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
+        pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
+    except wgpu.GPUError as exc:
+        raise KemError("bad_kernel", gpu_message(exc)) from None
+    return pipeline, layout

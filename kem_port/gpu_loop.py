@@ -1,0 +1,164 @@
+"""The GPU thread: a bounded queue of jobs, drained into batches that run
+back to back, each encoded while the one before it is on the GPU.
+
+The batch size is learned from what landed batches cost (batching.py,
+from ``Flight.cost()``). One exception to the hand-off: a small call to a
+compiled kernel that arrives while the GPU is idle, nothing is queued and
+no other frame is waiting in the pipe runs on the reader thread itself
+(:meth:`GpuLoop.run_inline`). Waking the GPU thread cost ~400 us of a
+~900 us small call on lavapipe (docs/executor.md); under load the pipe is
+never empty, so calls still queue and batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from kem_port.batching import BatchSizer
+from kem_port.errors import KemError
+from kem_port.gpu.batch import Flight
+from kem_port.gpu.calls import Job
+from kem_port.gpu.executor import Executor
+
+log = logging.getLogger("kem_port.gpu_loop")
+
+Control = Callable[[Executor], None]
+BATCH_BYTES = 64 << 20  # of input or output, whichever is larger, per batch
+SMALL_CALL = 64 << 10  # batches of calls this small teach the batch sizer
+
+
+class QueueFull(Exception):
+    pass
+
+
+class GpuLoop:
+    def __init__(
+        self,
+        executor: Executor,
+        queue_limit: int,
+        max_batch: int,
+        gathered: Callable[[], AbstractContextManager],
+    ) -> None:
+        self.executor = executor
+        # Replies of one step go out together (FrameWriter.gathered: one writev).
+        self._gathered = gathered
+        # Held by whichever thread runs the executor: the GPU thread for
+        # batches, the reader for an inline call.
+        self._executor_lock = threading.Lock()
+        self.queue: queue.Queue[Job | Control] = queue.Queue(maxsize=queue_limit)
+        self.sizer = BatchSizer(max_batch)
+        self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, item: Job | Control) -> None:
+        """Queue a job or a control action; QueueFull when the queue is."""
+        try:
+            self.queue.put_nowait(item)
+        except queue.Full:
+            raise QueueFull from None
+
+    def describe(self) -> dict:
+        return {"queue_depth": self.queue.qsize(), "batch_cap": self.sizer.limit()}
+
+    def run_inline(self, job: Job) -> bool:
+        """Run a lone small call on the calling (reader) thread; False if it must queue.
+
+        The caller has checked it cannot hold the reader long (small, no
+        explicit workgroups, kernel compiled, no frame waiting). The lock
+        and the empty queue keep batches and inline calls from overtaking
+        each other.
+        """
+        if not self._executor_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.queue.empty():
+                return False
+            self._land(self._step(None, [job]))
+            return True
+        finally:
+            self._executor_lock.release()
+
+    def _loop(self) -> None:
+        while True:
+            first = self.queue.get()
+            with self._executor_lock:
+                self._serve(first)
+
+    def _serve(self, item: Job | Control | None) -> None:
+        """Run batches back to back while calls keep coming (Executor.step);
+        return when the queue is empty and nothing is in flight."""
+        flight: Flight | None = None
+        while item is not None or flight is not None:
+            batch, control = self._batch_from(item)
+            landing = flight
+            flight = self._step(flight, batch)
+            if landing is not None:
+                self._learn(landing)
+            if control is not None:
+                # A control action (test hooks) runs with nothing in flight.
+                self._land(flight)
+                flight = None
+                self._run_control(control)
+            item = self._next_nowait()
+
+    def _batch_from(self, item: Job | Control | None) -> tuple[list[Job], Control | None]:
+        if item is None:
+            return [], None
+        if not isinstance(item, Job):
+            return [], item
+        return self._drain(item)
+
+    def _next_nowait(self) -> Job | Control | None:
+        try:
+            return self.queue.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _drain(self, first: Job) -> tuple[list[Job], Control | None]:
+        """Take what is already queued, up to the sizer's cap and BATCH_BYTES."""
+        batch = [first]
+        total = first.call.batch_bytes
+        cap = self.sizer.limit()
+        while len(batch) < cap and total < BATCH_BYTES:
+            item = self._next_nowait()
+            if item is None:
+                break
+            if not isinstance(item, Job):
+                return batch, item
+            batch.append(item)
+            total += item.call.batch_bytes
+        return batch, None
+
+    def _step(self, flight: Flight | None, batch: list[Job]) -> Flight | None:
+        try:
+            with self._gathered():
+                return self.executor.step(flight, batch)
+        except Exception as exc:  # a bug must not kill the GPU thread or leave a caller waiting
+            log.exception("executor failed")
+            error = KemError("internal", f"{type(exc).__name__}: {exc}")
+            for job in batch + (flight.jobs if flight is not None else []):
+                job.refuse(error)
+            return None
+
+    def _land(self, flight: Flight | None) -> None:
+        """Finish a batch in flight, submitting nothing after it."""
+        if flight is not None:
+            self._step(flight, [])
+            self._learn(flight)
+
+    def _learn(self, landed: Flight) -> None:
+        """Teach the batch sizer what a batch cost from encoding to delivery."""
+        cost = landed.cost()
+        self.sizer.record(cost.calls, cost.seconds, cost.largest_call_bytes <= SMALL_CALL)
+
+    def _run_control(self, control: Control) -> None:
+        try:
+            control(self.executor)
+        except Exception:
+            log.exception("control action failed")

@@ -1,0 +1,66 @@
+"""Shared-memory transfers with the node, both directions, in one place.
+
+For large payloads the node puts the input in a file in its shared-memory
+directory (``KEM_SHM_DIR``, a tmpfs) and sends ``{shm, Path}``; it may also
+name a file there for the result (``output_shm``). Paths must resolve
+inside that directory and nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kem_port.errors import KemError, bad_args, too_large
+from kem_port.framing import read_into, write_all
+from kem_port.terms import binary_bytes
+
+
+class SharedMemory:
+    def __init__(self, directory: Path | None, max_input_bytes: int) -> None:
+        self.directory = directory
+        self.max_input_bytes = max_input_bytes
+
+    def path(self, value: Any) -> str:
+        """A file the node put in its shared-memory directory, and nowhere else."""
+        raw = binary_bytes(value)
+        if self.directory is None or raw is None:
+            raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
+        path = os.path.realpath(raw.decode("utf-8", "replace"))
+        if os.path.dirname(path) != str(self.directory):
+            raise bad_args("shared-memory path is outside KEM_SHM_DIR")
+        return path
+
+    def read_input(self, value: Any) -> memoryview:
+        """The bytes of the input file `value` names, size-checked before reading."""
+        path = self.path(value)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size > self.max_input_bytes:
+                raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={self.max_input_bytes}")
+            # Read, not mmap: a mapped file truncated under us would kill the
+            # port with SIGBUS; a read that comes up short is a clear error.
+            view = memoryview(bytearray(size))
+            if read_into(fd, view) < size:
+                raise bad_args("shared-memory input shrank while being read")
+            return view
+        finally:
+            os.close(fd)
+
+
+def write_result(path: str, view: memoryview) -> None:
+    """The result into the file the node named (one copy from the mapped
+    staging buffer into tmpfs); the node deletes the file. Raises KemError."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            write_all(fd, [view])
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise KemError("shm_error", f"cannot write the result: {exc.strerror}") from None
