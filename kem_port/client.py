@@ -26,6 +26,28 @@ class PortError(Exception):
         self.detail = detail
 
 
+def plain(value: Any) -> Any:
+    """erlang-py terms as plain Python: atoms become str (true, false and
+    undefined become True, False and None), binaries become str when they
+    are UTF-8 text and bytes otherwise, maps become dicts with str keys,
+    tuples and lists stay tuples and lists."""
+    name = terms.atom_name(value)
+    if name is not None:
+        return value if isinstance(value, bool) or value is None else name
+    data = terms.binary_bytes(value)
+    if data is not None or isinstance(value, bytes):
+        raw = data if data is not None else value
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw
+    if isinstance(value, dict):
+        return {str(plain(k)): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
 class PortClient:
     """Starts ``python -m kem_port`` (or a script that speaks the same
     protocol, such as tools/echo_port.py) and calls it; thread-safe."""
@@ -69,7 +91,16 @@ class PortClient:
         return fut
 
     def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+        """The raw reply: bytes for a binary result, erlang-py terms otherwise
+        (maps keyed by OtpErlangAtom). Raises PortError on {error, ...}."""
         return self.call_async(method, *args).result(timeout)
+
+    def call_plain(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
+        """The reply as plain Python (see :func:`plain`): e.g.
+        ``client.call_plain("config")["verify"] == "strict"``,
+        ``client.call_plain("ping") == "pong"``, and
+        ``json.loads(client.call_plain("adapter_info"))``."""
+        return plain(self.call(method, *args, timeout=timeout))
 
     def _read_loop(self) -> None:
         fd = self.proc.stdout.fileno()

@@ -1,0 +1,273 @@
+"""Run kem kernels from Python, no Erlang and no port process.
+
+The one obvious function is :func:`run` (in the spirit of wgpu-py's
+``compute_with_buffers``)::
+
+    import numpy as np
+    from kem_port import api
+
+    words = np.arange(1000, dtype=np.uint32)
+    doubled = api.run("double", words)          # numpy in, numpy out
+    assert (doubled == words * 2).all()
+
+A kernel is a path to a ``.wgsl`` file or a kernel id, resolved exactly as
+the port resolves it (``KEM_KERNEL_DIR``, the packaged examples, then
+Arweave through ``KEM_GATEWAYS`` under ``KEM_VERIFY``). Every argument goes
+through the port's own checks (protocol.py) and every GPU step through the
+port's own :class:`~kem_port.gpu.executor.Executor`, so a kernel that runs here
+runs the same way in a node.
+
+Nothing GPU-side lives in a module global: a :class:`Runner` owns one
+executor (device, compiled pipelines, buffer pool). :func:`run` uses a
+default Runner made on first use; make your own to pick settings.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kem_port import terms
+from kem_port.config import Config
+from kem_port.api_values import Input, Params, file_kernel_id, input_bytes, params_bytes, shape_output
+from kem_port.errors import KemError
+from kem_port.kernel_store import KernelResolver, KernelSource, default_stores, source_from_bytes
+from kem_port.protocol import KernelCall, kernel_call
+from kem_port.stats import Stats
+
+
+
+class GpuLayer(NamedTuple):
+    """What the API and the ``kem`` command use of the GPU layer."""
+
+    Executor: type
+    Job: type
+    choose_adapter: Callable[[str | None], Any]
+    reflect: Callable[[str], Any]
+    plan_dispatch: Callable[..., tuple[int, int, int]]
+    compile: Callable[[Any, KernelSource, KernelCall], Any]  # (executor, source, call) -> Pipeline
+    dispatch_limits: Callable[[Any], Any]  # executor -> DispatchLimits
+
+
+def gpu_layer() -> GpuLayer:
+    """The one place that names the GPU layer's modules and members.
+    Imported lazily, so ``kem --help`` and ``kem publish --no-check`` never
+    load wgpu."""
+    from kem_port.gpu import calls, device, dispatch, executor, wgsl_reflect
+
+    return GpuLayer(
+        Executor=executor.Executor,
+        Job=calls.Job,
+        choose_adapter=device.choose_adapter,
+        reflect=wgsl_reflect.reflect,
+        plan_dispatch=dispatch.plan_dispatch,
+        compile=lambda ex, source, call: ex.pipelines.get(ex.gpu.require(), source, call),
+        dispatch_limits=lambda ex: ex.gpu.dispatch_limits,
+    )
+
+
+@dataclass
+class Timings:
+    """Seconds spent by the last call of a :class:`Runner`, per stage."""
+
+    device_open: float = 0.0
+    fetch: float = 0.0
+    compile: float = 0.0
+    run: float = 0.0
+
+    def lines(self) -> list[str]:
+        return [f"{name.replace('_', ' ')}: {secs * 1e3:.1f} ms" for name, secs in vars(self).items() if secs]
+
+
+@dataclass
+class Runner:
+    """Owns one executor (one device) and the kernel resolver; thread-safe.
+
+    ``config`` defaults to the ``KEM_*`` environment, as the port reads it.
+    """
+
+    config: Config = field(default_factory=Config.from_env)
+    stats: Stats = field(default_factory=Stats)
+    timings: Timings = field(default_factory=Timings)
+
+    def __post_init__(self) -> None:
+        self._executor: Any = None
+        self._resolver: KernelResolver | None = None
+        self._lock = threading.RLock()  # one device: opening, compiling and runs take turns
+
+    # -- the parts, opened on first use ------------------------------------
+
+    @property
+    def executor(self) -> Any:
+        """The executor, its device opened (raises KemError no_adapter)."""
+        with self._lock:
+            if self._executor is None:
+                started = time.perf_counter()
+                executor = gpu_layer().Executor(self.config, self.stats)
+                executor.open()
+                self.timings.device_open = time.perf_counter() - started
+                self._executor = executor
+            return self._executor
+
+    @property
+    def resolver(self) -> KernelResolver:
+        from kem_port.server import build_remote
+
+        with self._lock:
+            if self._resolver is None:
+                self._resolver = KernelResolver(default_stores(self.config.kernel_dir), build_remote(self.config, self.stats))
+            return self._resolver
+
+    def source(self, kernel: str | Path) -> KernelSource:
+        """A kernel's source: a ``.wgsl`` path, else an id (local, packaged, Arweave)."""
+        path = Path(kernel)
+        # Ids are [A-Za-z0-9_-] only: anything with a dot or a slash is a file.
+        if isinstance(kernel, Path) or any(c in str(kernel) for c in "./"):
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise KemError("kernel_not_found", f"{kernel}: {exc.strerror}") from None
+            return source_from_bytes(file_kernel_id(path), data, str(path), "local")
+        kernel_id = str(kernel)
+        found = self.resolver.resolve_local(kernel_id)
+        if found is not None:
+            return found
+        started = time.perf_counter()
+        try:
+            return self.resolver.fetch(kernel_id)
+        finally:
+            self.timings.fetch = time.perf_counter() - started
+
+    # -- calls ---------------------------------------------------------------
+
+    def call(
+        self,
+        source: KernelSource,
+        data: bytes,
+        *,
+        output_size: int | None = None,
+        hint: int = 1,
+        params: bytes | None = None,
+        workgroups: Sequence[int] | None = None,
+        entry_point: str = "main",
+    ) -> KernelCall:
+        """A KernelCall checked by the port's own rules (protocol.kernel_call)."""
+        atom = terms.atom
+        opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode())}
+        if output_size is not None:
+            opts[atom("output_size")] = operator.index(output_size)
+        else:
+            opts[atom("output_size_hint")] = operator.index(hint)
+        if params is not None:
+            opts[atom("params")] = terms.Binary(params)
+        if workgroups is not None:
+            opts[atom("workgroups")] = tuple(operator.index(g) for g in workgroups)
+        return kernel_call("execute", (terms.Binary(source.kernel_id.encode()), terms.Binary(data), opts), self.config)
+
+    def compile(self, source: KernelSource, call: KernelCall) -> Any:
+        """Check the kernel against kem's contract and compile it (naga); the Pipeline."""
+        with self._lock:
+            executor = self.executor
+            started = time.perf_counter()
+            pipeline = gpu_layer().compile(executor, source, call)
+            self.timings.compile = time.perf_counter() - started
+            return pipeline
+
+    def dispatch(self, source: KernelSource, call: KernelCall) -> tuple[int, int, int]:
+        """The workgroup counts kem would dispatch for this call."""
+        gpu = gpu_layer()
+        pipeline = self.compile(source, call)
+        return gpu.plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits(self.executor))
+
+    def execute(self, source: KernelSource, call: KernelCall) -> bytes:
+        """Run one checked call on the GPU (compiling first if needed); its output bytes."""
+        answer: list[bytes] = []
+        failure: list[KemError] = []
+        job = gpu_layer().Job(call=call, source=source, reply=lambda view: answer.append(bytes(view)), fail=failure.append)
+        with self._lock:
+            started = time.perf_counter()
+            self.executor.run([job])
+            self.timings.run = time.perf_counter() - started
+        if failure:
+            raise failure[0]
+        return answer[0]
+
+    def run(
+        self,
+        kernel: str | Path,
+        input: Input,
+        *,
+        output_size: int | None = None,
+        hint: int = 1,
+        params: Params = None,
+        workgroups: tuple[int, int, int] | None = None,
+        entry_point: str = "main",
+        dtype: Any = None,
+    ) -> np.ndarray | bytes:
+        """See :func:`run`."""
+        self.timings = Timings()
+        data = input_bytes(input)
+        source = self.source(kernel)
+        call = self.call(
+            source, data, output_size=output_size, hint=hint, params=params_bytes(params),
+            workgroups=workgroups, entry_point=entry_point,
+        )
+        self.compile(source, call)
+        out = self.execute(source, call)
+        return shape_output(out, input, dtype)
+
+
+_default: Runner | None = None
+_default_lock = threading.Lock()
+
+
+def default_runner() -> Runner:
+    """The Runner :func:`run` uses, made (from the environment) on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Runner()
+        return _default
+
+
+def run(
+    kernel: str | Path,
+    input: Input,
+    *,
+    output_size: int | None = None,
+    hint: int = 1,
+    params: Params = None,
+    workgroups: tuple[int, int, int] | None = None,
+    entry_point: str = "main",
+    dtype: Any = None,
+) -> np.ndarray | bytes:
+    """Run a kem kernel once and return its output.
+
+    kernel: a path to a ``.wgsl`` file, or a kernel id (``"double"``, a name
+        in ``KEM_KERNEL_DIR``, or a 43-character Arweave ID, fetched and
+        verified under ``KEM_VERIFY``).
+    input: bytes-like, or a numpy array (its raw bytes, C order). Bound at
+        binding 0, zero-padded to whole 32-bit words.
+    output_size: exact output bytes; else ``len(input bytes) * hint``.
+    params: bytes, a numpy array, or a sequence of ints (packed as
+        little-endian u32 words); bound as the uniform at binding 2.
+    workgroups: ``(x, y, z)``, overriding kem's dispatch rule (docs/dispatch.md).
+    entry_point: the ``@compute`` function to run.
+    dtype: return a numpy array of this dtype. Without it, a numpy input
+        gives a numpy output of the input's dtype, and bytes give bytes.
+
+    Raises :class:`kem_port.errors.KemError` (``.reason``, ``.detail``) with
+    the same reasons the port answers, e.g. ``shader_error``, ``bad_kernel``,
+    ``too_large``, ``kernel_not_found``, ``no_adapter``.
+    """
+    return default_runner().run(
+        kernel, input, output_size=output_size, hint=hint, params=params,
+        workgroups=workgroups, entry_point=entry_point, dtype=dtype,
+    )

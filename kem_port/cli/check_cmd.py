@@ -1,0 +1,124 @@
+"""``kem check FILE.wgsl``: is this a valid kem kernel, what does it bind,
+and what dispatch would kem give it?
+
+Every rule comes from the port's own code: the contract checks
+(executor.check_layout, run inside pipeline_for), naga through a real
+compile on the adapter, and the dispatch rule (dispatch.plan_dispatch).
+Nothing here decides validity by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kem_port.cli import common, inputs
+from kem_port.cli.console import CliError, Console
+from kem_port.errors import KemError
+
+PLACEHOLDER_PARAMS = bytes(16)  # compiles a params kernel when none are given
+ROLES = {(0, 0): "input", (0, 1): "output", (0, 2): "params"}
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "check",
+        help="validate a kernel, show its bindings and dispatch",
+        description=(
+            "Validate a WGSL kernel against kem's contract and compile it on the adapter (naga), "
+            "show its entry points and bindings, and the dispatch kem would use for an input size."
+        ),
+        epilog="example: kem check mykernel.wgsl --input-size 1M",
+    )
+    parser.add_argument("kernel", metavar="FILE", help="a .wgsl file (or a kernel id)")
+    parser.add_argument("--input-size", type=inputs.size, default=4096, metavar="BYTES", help="input size for the dispatch shown (default 4096)")
+    common.add_call_options(parser)
+    parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    from kem_port.api import Runner, gpu_layer
+
+    params = inputs.parse_params(args.params, args.params_hex, None)
+    runner = Runner()
+    source = common.resolve(runner, args.kernel, console)
+    shape = gpu_layer().reflect(source.text)
+    report: dict = {"kernel": source.origin, "sha256": source.sha256, **describe_shape(shape)}
+    takes_params = shape.binding(0, 2) is not None
+    given = params if params is not None else (PLACEHOLDER_PARAMS if takes_params else None)
+    try:
+        call = runner.call(
+            source, bytes(args.input_size), output_size=args.output_size, hint=args.hint, params=given,
+            workgroups=args.workgroups, entry_point=args.entry_point,
+        )
+        report["output_size"] = call.output_size
+        common.open_device(runner, console)
+        console.progress(f"compiling {source.kernel_id}")
+        report["adapter"] = runner.executor.info.get("name")
+        report["dispatch"] = _dispatch(runner, source, call, shape, params is None and takes_params)
+        report["ok"] = True
+    except KemError as exc:
+        report.update(ok=False, reason=exc.reason, error=exc.detail)
+    _print(report, args)
+    if not report["ok"]:
+        raise CliError(f"{args.kernel}: not a valid kem kernel: {report['reason']}")
+    return 0
+
+
+def describe_shape(shape) -> dict:
+    return {
+        "entry_points": [
+            {
+                "name": e.name,
+                "stage": e.stage,
+                "workgroup_size": list(e.workgroup_size) if e.workgroup_size else e.workgroup_size_text,
+                "builtins": sorted(e.builtins),
+            }
+            for e in shape.entry_points.values()
+            if e.stage is not None
+        ],
+        "bindings": [
+            {
+                "group": b.group, "binding": b.binding, "name": b.name, "address_space": b.address_space,
+                "access": b.access, "role": ROLES.get((b.group, b.binding), "not bound by kem"),
+            }
+            for b in shape.bindings
+        ],
+    }
+
+
+def _dispatch(runner, source, call, shape, params_missing: bool):
+    """kem's workgroups for this call; a note instead when they hang on params not given."""
+    entry = shape.entry_points.get(call.entry_point)
+    groups = runner.dispatch(source, call)  # compiles: naga and the contract speak here
+    image_rule = entry is not None and entry.workgroup_size is not None and entry.workgroup_size[1] > 1
+    if params_missing and image_rule and call.workgroups is None:
+        return "set by params: (ceil(p0/wx), ceil(p1/wy), 1) for a p0 x p1 image; pass --params to see it"
+    return list(groups)
+
+
+def _print(report: dict, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"kernel    {report['kernel']}  (sha256 {report['sha256'][:16]}...)")
+    for e in report["entry_points"]:
+        size = e["workgroup_size"]
+        size_text = ", ".join(map(str, size)) if isinstance(size, list) else size
+        builtins = f"  builtins: {', '.join(e['builtins'])}" if e["builtins"] else ""
+        print(f"entry     {e['name']}: @{e['stage'] or '?'} @workgroup_size({size_text}){builtins}")
+    for b in report["bindings"]:
+        access = f", {b['access']}" if b["access"] else ""
+        print(f"binding   @group({b['group']}) @binding({b['binding']}) {b['name']}: var<{b['address_space']}{access}>  -> {b['role']}")
+    if "output_size" in report:
+        print(f"call      {args.input_size} bytes in, {report['output_size']} bytes out")
+    if report["ok"]:
+        dispatch = report["dispatch"]
+        shown = f"({', '.join(map(str, dispatch))}) workgroups" if isinstance(dispatch, list) else dispatch
+        print(f"dispatch  {shown}")
+        print(f"ok        a valid kem kernel (compiled on {report['adapter']})")
+    else:
+        print(f"error     {report['reason']}:", file=sys.stderr)
+        print("  " + report["error"].replace("\n", "\n  "), file=sys.stderr)

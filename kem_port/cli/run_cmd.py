@@ -1,0 +1,78 @@
+"""``kem run KERNEL``: run a kernel once on input from a file, hex or random bytes."""
+
+from __future__ import annotations
+
+import argparse
+
+from kem_port.cli import common, inputs, output
+from kem_port.cli.console import CliError, Console
+from kem_port.errors import KemError
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "run",
+        help="run a kernel (a .wgsl file or a kernel id) once",
+        description=(
+            "Run a kernel once and write its output: raw bytes to -o FILE or a pipe, "
+            "a hex dump on a terminal. KERNEL is a .wgsl path or a kernel id "
+            "(KEM_KERNEL_DIR, the packaged examples, or an Arweave ID fetched and "
+            "verified as the port does)."
+        ),
+        epilog="example: kem run double --random 64K --seed 1 -o out.bin",
+    )
+    parser.add_argument("kernel", metavar="KERNEL", help="a .wgsl file or a kernel id")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", metavar="FILE", help="input bytes from FILE ('-' for stdin); a PNG is decoded to RGBA")
+    source.add_argument("--hex", type=inputs.hex_bytes, metavar="HEX", help="input bytes as hex")
+    source.add_argument("--random", type=inputs.size, metavar="BYTES", help="this many random input bytes")
+    parser.add_argument("--seed", type=int, help="seed for --random (default: fresh)")
+    parser.add_argument("--raw", action="store_true", help="pass a PNG --input through as bytes, undecoded")
+    common.add_call_options(parser)
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the output here ('-' for stdout)")
+    parser.add_argument(
+        "--png", nargs="?", const="input", type=_png_size, metavar="WxH",
+        help="encode the RGBA output as a PNG of WxH pixels (default: the PNG input's size)",
+    )
+    parser.set_defaults(handler=handle)
+
+
+def _png_size(text: str):
+    return "input" if text == "input" else inputs.image_size(text)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    from kem_port.api import Runner
+
+    runner = Runner()
+    loaded = inputs.load_input(args, runner.config.max_input_bytes)
+    params = inputs.parse_params(args.params, args.params_hex, loaded.image_size)
+    png_size = _png_target(args.png, loaded)
+    source = common.resolve(runner, args.kernel, console)
+    common.open_device(runner, console)
+    try:
+        call = runner.call(
+            source, loaded.data, output_size=args.output_size, hint=args.hint, params=params,
+            workgroups=args.workgroups, entry_point=args.entry_point,
+        )
+        if not runner.executor.is_warm(source, call):
+            console.progress(f"compiling {source.kernel_id}")
+        runner.compile(source, call)
+        console.progress(f"running {source.kernel_id} on {len(loaded.data)} bytes")
+        result = runner.execute(source, call)
+    except KemError as exc:
+        raise CliError.of(exc) from None
+    data = output.encode_png(result, png_size) if png_size else result
+    where = output.write_output(data, args.output, png_size is not None)
+    for line in runner.timings.lines():
+        console.detail(line)
+    console.detail(f"{len(result)} bytes out to {where}")
+    return 0
+
+
+def _png_target(png, loaded: inputs.Loaded):
+    if png != "input":
+        return png
+    if loaded.image_size is None:
+        raise CliError("--png without WxH needs a PNG --input to take the size from")
+    return loaded.image_size
