@@ -63,8 +63,11 @@ def test_run_hex_and_seeded_random(tmp_path):
     done = kem(tmp_path, "run", "double", "--hex", "01000000 ff000000", "--output-size", "12")
     assert done.returncode == 0, done.stderr
     assert done.stdout == bytes.fromhex("02000000 fe010000 00000000")
-    seeded = kem(tmp_path, "run", "double", "--random", "4K", "--seed", "7")
+    seeded = kem(tmp_path, "-v", "run", "double", "--random", "4K", "--seed", "7")
     assert seeded.returncode == 0, seeded.stderr
+    said = seeded.stderr.decode()
+    for stage in ("device open", "compile", "run"):
+        assert re.search(rf"^kem: {stage}: \d+\.\d ms$", said, re.M), said
     expected = np.random.default_rng(7).bytes(4096)
     assert seeded.stdout == reference.double(expected, 4096)
 

@@ -1,6 +1,6 @@
 """``kem adapters``: every adapter wgpu sees, and the one kem would pick, and why.
 
-The pick is made by the port's own code (executor.choose_adapter) with the
+The pick is made by the port's own code (gpu/device.choose_adapter) with the
 same KEM_ADAPTER setting; this only matches it against the listing.
 """
 

@@ -2,8 +2,9 @@
 and what dispatch would kem give it?
 
 Every rule comes from the port's own code: the contract checks
-(executor.check_layout, run inside pipeline_for), naga through a real
-compile on the adapter, and the dispatch rule (dispatch.plan_dispatch).
+(gpu/contract.check_layout, run by the pipeline cache before it compiles),
+naga through a real compile on the adapter, and the dispatch rule
+(gpu/dispatch.plan_dispatch).
 Nothing here decides validity by itself.
 """
 
@@ -12,10 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from kem_port.cli import common, inputs
 from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
+
+if TYPE_CHECKING:  # the module is reached at run time through api.gpu_layer()
+    from kem_port.gpu.wgsl_reflect import KernelShape
 
 PLACEHOLDER_PARAMS = bytes(16)  # compiles a params kernel when none are given
 ROLES = {(0, 0): "input", (0, 1): "output", (0, 2): "params"}
@@ -67,7 +72,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def describe_shape(shape) -> dict:
+def describe_shape(shape: KernelShape) -> dict:
     return {
         "entry_points": [
             {
@@ -89,7 +94,7 @@ def describe_shape(shape) -> dict:
     }
 
 
-def _dispatch(runner, source, call, shape, params_missing: bool):
+def _dispatch(runner, source, call, shape: KernelShape, params_missing: bool) -> list[int] | str:
     """kem's workgroups for this call; a note instead when they hang on params not given."""
     entry = shape.entry_points.get(call.entry_point)
     groups = runner.dispatch(source, call)  # compiles: naga and the contract speak here
