@@ -2,21 +2,32 @@
 %%% Arweave ID, run on the node's GPU through the `kem' application.
 %%%
 %%% Keys (all `(Msg1, Msg2, Opts)'):
-%%% - `execute_kernel': JSON body `{"kernel_id", "input_data": [bytes],
-%%%   "output_size_hint": N}' (hint defaults to 1);
-%%% - `execute_kernel_with_params': the same plus `"params": [u32, ...]',
-%%%   packed as 32-bit little-endian words;
-%%% - `get_adapter_info': the adapter as JSON; `info': a description.
-%%% The request is read from Msg2's `body', then Msg1's (over HTTP it is in
-%%% both; in a direct `hb_ao:resolve' only in Msg2); the same fields may also
-%%% be given as message keys. Success is a 200 with the raw result bytes;
+%%% - `execute_kernel': `kernel-id', `input-data', `output-size-hint'
+%%%   (default 1);
+%%% - `execute_kernel_with_params': the same plus `params' (u32 values,
+%%%   packed as 32-bit little-endian words);
+%%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON).
+%%%
+%%% A request comes in one of two forms (docs/hyperbeam.md):
+%%% - a JSON body `{"kernel_id", "input_data": [bytes], ...}' (the
+%%%   original's), read from Msg2's `body', then Msg1's (over HTTP it is in
+%%%   both; in a direct `hb_ao:resolve' only in Msg2);
+%%% - the input bytes as the body with `content-type:
+%%%   application/octet-stream' and the other fields as message keys.
+%%% Field names are accepted kebab-case (HyperBEAM's) or snake_case (the
+%%% original's). Fields may also all be message keys, without a body.
+%%%
+%%% Success is a 200 with the raw result bytes and the call's usage as
+%%% `kem-usage-*' keys. A failure carries `status', `error', `reason' and
+%%% `details' as top-level keys (HTTP headers) and the same as a JSON body:
 %%% a bad request is a 4xx naming the problem, a failure to run a 5xx.
+%%% Nothing in a reply names a node path.
 -module(dev_kem).
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
          get_adapter_info/3]).
 
--define(FIELDS, [<<"kernel_id">>, <<"input_data">>, <<"output_size_hint">>, <<"params">>]).
+-define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
 
 %% @doc Only these keys are reachable through the device.
 -spec info(term()) -> map().
@@ -25,15 +36,17 @@ info(_) ->
 
 -spec info(map(), map(), map()) -> {ok, map()}.
 info(_Msg1, _Msg2, _Opts) ->
-    {ok, #{<<"status">> => 200,
-           <<"body">> => #{
-               <<"description">> => <<"Kernel execution machine: runs WGSL compute kernels on the node's GPU">>,
-               <<"version">> => <<"1.0">>,
-               <<"paths">> => #{
-                   <<"info">> => <<"this description">>,
-                   <<"execute_kernel">> => <<"POST {kernel_id, input_data, output_size_hint}">>,
-                   <<"execute_kernel_with_params">> => <<"POST {kernel_id, input_data, params}">>,
-                   <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>}}}}.
+    json_reply(200, #{
+        <<"description">> => <<"Kernel execution machine: runs WGSL compute kernels on the node's GPU">>,
+        <<"version">> => <<"1.0">>,
+        <<"kem-version">> => kem_version:app_vsn(),
+        <<"paths">> => #{
+            <<"info">> => <<"this description">>,
+            <<"execute_kernel">> =>
+                <<"POST JSON {kernel-id, input-data, output-size-hint}, or the input bytes "
+                  "(content-type: application/octet-stream) with the other fields as keys">>,
+            <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]">>,
+            <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>}}).
 
 -spec execute_kernel(map(), map(), map()) -> {ok, map()} | {error, map()}.
 execute_kernel(Msg1, Msg2, Opts) ->
@@ -47,8 +60,10 @@ execute_kernel_with_params(Msg1, Msg2, Opts) ->
 get_adapter_info(_Msg1, _Msg2, _Opts) ->
     case kem:adapter_info() of
         {ok, Json} ->
-            {ok, #{<<"status">> => 200, <<"body">> => Json,
-                   <<"content-type">> => <<"application/json">>}};
+            case kem_json:decode(Json) of
+                {ok, Info} when is_map(Info) -> json_reply(200, kem_adapter:public(Info));
+                _ -> failure(<<"Failed to get adapter info">>, {bad_reply, <<"adapter info is not JSON">>})
+            end;
         {error, Reason} ->
             failure(<<"Failed to get adapter info">>, Reason)
     end.
@@ -59,112 +74,185 @@ handle(Key, Msg1, Msg2, Opts) ->
     event(kem, {request, Key}),
     case request(Key, Msg1, Msg2, Opts) of
         {ok, Method, Args} ->
-            case kem:call(Method, Args, application:get_env(kem, timeout, 30000)) of
-                {ok, Result} ->
-                    {ok, #{<<"status">> => 200, <<"body">> => Result,
-                           <<"content-type">> => <<"application/octet-stream">>}};
-                {error, Reason} ->
+            Timeout = kem:default_timeout(),
+            case kem:call_usage(Method, Args, Timeout) of
+                {{ok, Result}, Usage} ->
+                    kem_metering:report(Usage, Opts),
+                    {ok, maps:merge(usage_keys(Usage),
+                                    #{<<"status">> => 200, <<"body">> => Result,
+                                      <<"content-type">> => <<"application/octet-stream">>})};
+                {{error, Reason}, _Usage} ->
                     event(kem, {failed, Key, Reason}),
                     failure(<<"Failed to execute kernel">>, Reason)
             end;
-        {bad_request, Detail} ->
+        {bad_request, Status, Detail} ->
             event(kem, {bad_request, Key, Detail}),
-            {error, error_body(400, <<"Bad request">>, bad_request, Detail)}
+            error_reply(Status, <<"Bad request">>, bad_request, Detail)
     end.
 
 request(Key, Msg1, Msg2, Opts) ->
-    case fields(Msg1, Msg2, Opts) of
-        {ok, Fields} -> args(Key, Fields);
-        Bad -> Bad
+    try
+        Fields = fields(Msg1, Msg2, Opts),
+        args(Key, Fields)
+    catch
+        throw:{bad_request, Status, Detail} -> {bad_request, Status, Detail}
     end.
 
-%% The JSON body of Msg2, then Msg1; else the fields as message keys.
+%% A binary body with content-type application/octet-stream is the input;
+%% another binary body is JSON; a map body is the fields; else the fields
+%% are message keys. Returns a map of canonical (atom) field names.
 fields(Msg1, Msg2, Opts) ->
-    case first_found(<<"body">>, [Msg2, Msg1], Opts) of
+    Msgs = [Msg2, Msg1],
+    case first_found([<<"body">>], Msgs, Opts) of
         Body when is_binary(Body), Body =/= <<>> ->
-            case kem_json:decode(Body) of
-                {ok, Map} when is_map(Map) -> {ok, Map};
-                {ok, _} -> {bad_request, <<"body must be a JSON object">>};
-                {error, Detail} -> {bad_request, Detail}
+            case is_octet_stream(first_found([<<"content-type">>], Msgs, Opts)) of
+                true -> (key_fields(Msgs, Opts))#{input_data => Body};
+                false -> canonical(json_object(Body))
             end;
         Map when is_map(Map) ->
-            {ok, Map};
+            canonical(Map);
         _ ->
-            Found = [{F, V} || F <- ?FIELDS, V <- [first_found(F, [Msg2, Msg1], Opts)], V =/= not_found],
-            case Found of
-                [] -> {bad_request, <<"no JSON body and no kernel_id field">>};
-                _ -> {ok, maps:from_list(Found)}
+            case key_fields(Msgs, Opts) of
+                Empty when map_size(Empty) =:= 0 ->
+                    bad(<<"no body and no kernel-id field">>);
+                Found ->
+                    Found
             end
     end.
 
+json_object(Body) ->
+    case kem_json:decode(Body) of
+        {ok, Map} when is_map(Map) -> Map;
+        {ok, _} -> bad(<<"body must be a JSON object">>);
+        {error, Detail} -> bad(Detail)
+    end.
+
+%% The fields given as message keys, kebab-case first.
+key_fields(Msgs, Opts) ->
+    maps:from_list([{F, V} || F <- ?FIELDS,
+                              V <- [first_found(names(F), Msgs, Opts)], V =/= not_found]).
+
+canonical(Map) ->
+    maps:from_list([{F, V} || F <- ?FIELDS, V <- [first_key(names(F), Map)], V =/= not_found]).
+
+first_key([], _Map) -> not_found;
+first_key([Name | Rest], Map) ->
+    case maps:find(Name, Map) of
+        {ok, V} -> V;
+        error -> first_key(Rest, Map)
+    end.
+
+%% Kebab-case (HyperBEAM) and snake_case (the original) names of a field.
+names(Field) ->
+    Snake = atom_to_binary(Field, utf8),
+    Kebab = binary:replace(Snake, <<"_">>, <<"-">>, [global]),
+    lists:usort([Kebab, Snake]).
+
+is_octet_stream(CT) when is_binary(CT) ->
+    string:prefix(string:lowercase(CT), <<"application/octet-stream">>) =/= nomatch;
+is_octet_stream(_) -> false.
+
 args(Key, Fields) ->
-    try
-        KernelId = kernel_id(maps:get(<<"kernel_id">>, Fields, missing)),
-        Input = input_data(maps:get(<<"input_data">>, Fields, missing)),
-        case Key of
-            execute_kernel ->
-                Hint = hint(maps:get(<<"output_size_hint">>, Fields, 1)),
-                {ok, execute_kernel, {KernelId, Input, Hint}};
-            execute_kernel_with_params ->
-                Params = params(maps:get(<<"params">>, Fields, missing)),
-                {ok, execute_kernel_with_params, {KernelId, Input, Params}}
-        end
-    catch
-        throw:{bad_request, Detail} -> {bad_request, Detail}
+    KernelId = kernel_id(maps:get(kernel_id, Fields, missing)),
+    Input = input_data(maps:get(input_data, Fields, missing)),
+    case Key of
+        execute_kernel ->
+            Hint = hint(maps:get(output_size_hint, Fields, 1)),
+            {ok, execute_kernel, {KernelId, Input, Hint}};
+        execute_kernel_with_params ->
+            Params = params(maps:get(params, Fields, missing)),
+            ok = not_an_image_file(Input),
+            {ok, execute_kernel_with_params, {KernelId, Input, Params}}
     end.
 
 kernel_id(Id) when is_binary(Id), Id =/= <<>> -> Id;
-kernel_id(missing) -> bad(<<"kernel_id is required">>);
-kernel_id(_) -> bad(<<"kernel_id must be a non-empty string">>).
+kernel_id(missing) -> bad(<<"kernel-id is required">>);
+kernel_id(_) -> bad(<<"kernel-id must be a non-empty string">>).
 
 input_data(List) when is_list(List) ->
     case lists:all(fun(B) -> is_integer(B) andalso B >= 0 andalso B =< 255 end, List) of
         true -> list_to_binary(List);
-        false -> bad(<<"input_data must be an array of integers 0-255">>)
+        false -> bad(<<"input-data must be an array of integers 0-255">>)
     end;
-input_data(Bin) when is_binary(Bin) -> Bin;  % given as a message key: raw bytes
-input_data(missing) -> bad(<<"input_data is required">>);
-input_data(_) -> bad(<<"input_data must be an array of integers 0-255">>).
+input_data(Bin) when is_binary(Bin) -> Bin;  % a message key or an octet-stream body: raw bytes
+input_data(missing) -> bad(<<"input-data is required">>);
+input_data(_) -> bad(<<"input-data must be an array of integers 0-255">>).
 
 hint(N) when is_integer(N), N > 0 -> N;
 hint(Bin) when is_binary(Bin) ->
-    try binary_to_integer(Bin) of
+    try binary_to_integer(string:trim(Bin)) of
         N -> hint(N)
-    catch error:badarg -> bad(<<"output_size_hint must be an integer > 0">>)
+    catch error:badarg -> bad(<<"output-size-hint must be an integer > 0">>)
     end;
-hint(_) -> bad(<<"output_size_hint must be an integer > 0">>).
+hint(_) -> bad(<<"output-size-hint must be an integer > 0">>).
 
 params(List) when is_list(List), List =/= [] ->
     case lists:all(fun(X) -> is_integer(X) andalso X >= 0 andalso X =< 16#FFFFFFFF end, List) of
         true -> << <<X:32/little>> || X <- List >>;
         false -> bad(<<"params must be an array of integers 0..4294967295">>)
     end;
+params(Bin) when is_binary(Bin) ->
+    %% As a message key (an HTTP header): "10,10,4,0".
+    try [binary_to_integer(string:trim(P)) || P <- binary:split(Bin, <<",">>, [global])] of
+        List -> params(List)
+    catch error:badarg -> bad(<<"params must be comma-separated integers 0..4294967295">>)
+    end;
 params(missing) -> bad(<<"params is required">>);
 params(_) -> bad(<<"params must be a non-empty array of integers 0..4294967295">>).
 
+%% Image kernels take raw RGBA8 pixels; the original decoded PNG/JPEG files
+%% in the NIF. Say so instead of running a kernel over compressed bytes.
+not_an_image_file(<<16#89, "PNG", 16#0D, 16#0A, 16#1A, 16#0A, _/binary>>) ->
+    bad(415, <<"input-data is an encoded PNG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
+not_an_image_file(<<16#FF, 16#D8, 16#FF, _/binary>>) ->
+    bad(415, <<"input-data is an encoded JPEG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
+not_an_image_file(_) -> ok.
+
 -spec bad(binary()) -> no_return().
-bad(Detail) -> throw({bad_request, Detail}).
+bad(Detail) -> bad(400, Detail).
+
+-spec bad(400..499, binary()) -> no_return().
+bad(Status, Detail) -> throw({bad_request, Status, Detail}).
 
 %%% replies
 
+usage_keys(#{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
+    #{<<"kem-usage-kernel-id">> => K,
+      <<"kem-usage-bytes-in">> => In,
+      <<"kem-usage-bytes-out">> => Out,
+      <<"kem-usage-us">> => Us,
+      <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}.
+
 failure(Message, {Reason, Detail}) when is_atom(Reason) ->
-    {error, error_body(status(Reason), Message, Reason, Detail)};
+    error_reply(status(Reason), Message, Reason, Detail);
 failure(Message, Other) ->
-    {error, error_body(500, Message, internal, Other)}.
+    error_reply(500, Message, internal, Other).
 
-error_body(Status, Message, Reason, Detail) ->
-    #{<<"status">> => Status,
-      <<"body">> => #{<<"error">> => Message,
-                      <<"reason">> => atom_to_binary(Reason, utf8),
-                      <<"details">> => to_text(Detail)}}.
+%% The fields at the top level, where HyperBEAM's httpsig codec makes them
+%% headers, and again as a JSON body: a map body would become a link plus
+%% the node's HTML index page.
+error_reply(Status, Message, Reason, Detail) ->
+    Fields = #{<<"error">> => Message,
+               <<"reason">> => atom_to_binary(Reason, utf8),
+               <<"details">> => kem_redact:text(Detail)},
+    {error, Fields#{<<"status">> => Status,
+                    <<"content-type">> => <<"application/json">>,
+                    <<"body">> => kem_json:encode(Fields)}}.
 
-%% Who must act: the requester (4xx) or the node (5xx).
+json_reply(Status, Map) ->
+    {ok, #{<<"status">> => Status,
+           <<"content-type">> => <<"application/json">>,
+           <<"body">> => kem_json:encode(Map)}}.
+
+%% Who must act: the requester (4xx) or the node (5xx). An unknown kernel
+%% is a 400, not a 404: HyperBEAM replaces every 404 reply sent with its
+%% default codec by its own HTML page, and the reason would be lost.
 status(bad_request) -> 400;
 status(bad_args) -> 400;
 status(invalid_kernel_id) -> 400;
-status(kernel_not_found) -> 404;
+status(kernel_not_found) -> 400;
+status(not_found) -> 400;
 status(too_large) -> 413;
-status(not_found) -> 404;
 status(not_pinned) -> 403;
 status(owner_not_allowed) -> 403;
 status(shader_error) -> 422;
@@ -172,6 +260,7 @@ status(bad_kernel) -> 422;
 status(dispatch_too_large) -> 422;
 status(overloaded) -> 503;
 status(port_unavailable) -> 503;
+status(not_started) -> 503;
 status(timeout) -> 504;
 status(Reason) ->
     %% Every gateway failed to prove the kernel: the fault is upstream.
@@ -183,32 +272,34 @@ status(Reason) ->
         false -> 500
     end.
 
-to_text(Bin) when is_binary(Bin) -> Bin;
-%% Depth-limited: a reason may carry a caller's whole input binary.
-to_text(Term) -> iolist_to_binary(io_lib:format("~0P", [Term, 12])).
-
 %%% HyperBEAM integration, optional outside a node
 
-first_found(_Key, [], _Opts) -> not_found;
-first_found(Key, [Msg | Rest], Opts) ->
-    case get(Key, Msg, Opts) of
-        not_found -> first_found(Key, Rest, Opts);
+first_found(_Names, [], _Opts) -> not_found;
+first_found(Names, [Msg | Rest], Opts) ->
+    case get_any(Names, Msg, Opts) of
+        not_found -> first_found(Names, Rest, Opts);
         Value -> Value
     end.
 
+get_any([], _Msg, _Opts) -> not_found;
+get_any([Name | Rest], Msg, Opts) ->
+    case get(Name, Msg, Opts) of
+        not_found -> get_any(Rest, Msg, Opts);
+        Value -> Value
+    end.
+
+%% A plain field read: inside a node `hb_maps:get/4' (it loads links but
+%% never dispatches to the message's device, which would be kem@1.0
+%% itself), else `maps:get/3'.
 get(Key, Msg, Opts) when is_map(Msg) ->
-    case has(hb_ao, get, 4) of
-        true -> hb_ao:get(Key, Msg, not_found, Opts);
+    case kem_optional:has(hb_maps, get, 4) of
+        true -> hb_maps:get(Key, Msg, not_found, Opts);
         false -> maps:get(Key, Msg, not_found)
     end;
 get(_Key, _Msg, _Opts) -> not_found.
 
 event(Topic, Term) ->
-    case has(hb_event, log, 5) of
+    case kem_optional:has(hb_event, log, 5) of
         true -> hb_event:log(Topic, Term, ?MODULE, ?FUNCTION_NAME, ?LINE);
         false -> logger:debug("~p: ~p", [Topic, Term])
     end.
-
-has(M, F, A) ->
-    _ = code:ensure_loaded(M),
-    erlang:function_exported(M, F, A).

@@ -5,7 +5,8 @@
 %%% (round robin over `kem_sup:port_names/0') and applies the timeout.
 -module(kem).
 
--export([execute/3, adapter_info/0, stats/0, config/0, ping/0, call/3]).
+-export([execute/3, adapter_info/0, stats/0, config/0, ping/0, metrics/0,
+         call/3, call_usage/3, default_timeout/0]).
 
 -type kernel_id() :: binary().
 -type opts() :: #{output_size_hint => pos_integer(),
@@ -13,15 +14,32 @@
                   params => binary(),
                   workgroups => {pos_integer(), pos_integer(), pos_integer()},
                   entry_point => binary() | atom(),
-                  timeout => timeout()}.
--export_type([kernel_id/0, opts/0]).
+                  timeout => timeout(),
+                  usage => boolean()}.
+%% What one call cost, for metering: `us' is GPU time where the port
+%% measured it (`clock => gpu'), else the caller's wall time (`clock => wall').
+-type usage() :: #{kernel_id := binary() | undefined,
+                   bytes_in := non_neg_integer(),
+                   bytes_out := non_neg_integer(),
+                   us := non_neg_integer(),
+                   clock := gpu | wall}.
+-export_type([kernel_id/0, opts/0, usage/0]).
 
 %% @doc Run kernel KernelId on Input. Output size is `output_size', else
-%% `byte_size(Input) * output_size_hint' (hint default 1).
--spec execute(kernel_id(), binary(), opts()) -> {ok, binary()} | {error, kem_port:reason()}.
+%% `byte_size(Input) * output_size_hint' (hint default 1). With
+%% `usage => true' a success is `{ok, Result, Usage}'.
+-spec execute(kernel_id(), binary(), opts()) ->
+    {ok, binary()} | {ok, binary(), usage()} | {error, kem_port:reason()}.
 execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
-    {Timeout, PortOpts} = take_timeout(Opts),
-    call(execute, {KernelId, Input, PortOpts}, Timeout);
+    {Timeout, PortOpts0} = take_timeout(Opts),
+    {WantUsage, PortOpts} = case maps:take(usage, PortOpts0) of
+        {W, Rest} -> {W =:= true, Rest};
+        error -> {false, PortOpts0}
+    end,
+    case call_usage(execute, {KernelId, Input, PortOpts}, Timeout) of
+        {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
+        {Reply, _Usage} -> Reply
+    end;
 execute(_KernelId, _Input, _Opts) ->
     {error, {bad_args, <<"execute(KernelId :: binary(), Input :: binary(), Opts :: map())">>}}.
 
@@ -44,15 +62,40 @@ config() ->
 ping() ->
     call(ping, {}, default_timeout()).
 
+%% @doc kem's counters and histograms in the Prometheus text format.
+-spec metrics() -> binary().
+metrics() ->
+    kem_metrics:text().
+
 %% @doc Send Method/Args to the next port in turn.
 -spec call(atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Method, Args, Timeout) ->
-    case next_port() of
+    element(1, call_usage(Method, Args, Timeout)).
+
+%% @doc `call/3', also returning what the call cost; every call is counted
+%% in `kem_metrics' here, the one road all calls take.
+-spec call_usage(atom(), tuple(), timeout()) ->
+    {{ok, term()} | {error, kem_port:reason()}, usage()}.
+call_usage(Method, Args, Timeout) ->
+    Start = erlang:monotonic_time(microsecond),
+    Reply = case next_port() of
         {ok, Port} -> kem_shm:call(Port, Method, Args, Timeout);
         Error -> Error
-    end.
+    end,
+    WallUs = erlang:monotonic_time(microsecond) - Start,
+    {KernelId, BytesIn} = kernel_and_input(Args),
+    BytesOut = case Reply of {ok, Bin} when is_binary(Bin) -> byte_size(Bin); _ -> 0 end,
+    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
+              us => WallUs, clock => wall}}.
 
 %%% internals
+
+kernel_and_input(Args) when tuple_size(Args) >= 2,
+                            is_binary(element(1, Args)), is_binary(element(2, Args)) ->
+    {element(1, Args), byte_size(element(2, Args))};
+kernel_and_input(_) ->
+    {undefined, 0}.
 
 take_timeout(Opts) ->
     case maps:take(timeout, Opts) of
@@ -60,6 +103,8 @@ take_timeout(Opts) ->
         error -> {default_timeout(), Opts}
     end.
 
+%% @doc The one default timeout of a call (app env `timeout', ms).
+-spec default_timeout() -> timeout().
 default_timeout() ->
     application:get_env(kem, timeout, 30000).
 

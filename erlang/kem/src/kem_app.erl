@@ -1,11 +1,16 @@
-%%% @doc The kem application: starts the supervisor of the Python ports.
+%%% @doc The kem application: finds the Python half (kem_python), then
+%%% starts the supervisor of the Python ports. Without an interpreter that
+%%% has kem_port the app does not start, and says why in one error.
 -module(kem_app).
 -behaviour(application).
 -export([start/2, stop/1]).
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
-    kem_sup:start_link().
+    case kem_python:check() of
+        {ok, _Python} -> kem_sup:start_link();
+        {error, Reason} -> {error, Reason}
+    end.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

@@ -16,16 +16,16 @@ encode(Term) ->
     case library() of
         hb_json -> hb_json:encode(Term);
         json -> iolist_to_binary(json:encode(Term));
-        jiffy -> jiffy:encode(Term)
+        jiffy -> iolist_to_binary(jiffy:encode(Term))  % iodata for large terms
     end.
 
 %% @doc The library in use: hb_json, json or jiffy.
 -spec library() -> hb_json | json | jiffy.
 library() ->
-    case has(hb_json, decode, 1) of
+    case kem_optional:has(hb_json, decode, 1) of
         true -> hb_json;
         false ->
-            case has(json, decode, 1) of
+            case kem_optional:has(json, decode, 1) of
                 true -> json;
                 false -> jiffy
             end
@@ -34,7 +34,3 @@ library() ->
 do_decode(hb_json, Bin) -> hb_json:decode(Bin);
 do_decode(json, Bin) -> json:decode(Bin);
 do_decode(jiffy, Bin) -> jiffy:decode(Bin, [return_maps]).
-
-has(M, F, A) ->
-    _ = code:ensure_loaded(M),
-    erlang:function_exported(M, F, A).

@@ -27,13 +27,18 @@ execute_kernel_with_params(KernelId, InputData, Params)
         when is_binary(KernelId), is_binary(InputData), is_binary(Params) ->
     unwrap(kem:call(execute_kernel_with_params, {KernelId, InputData, Params}, timeout())).
 
-%% @doc JSON: name, vendor, device, driver, backend, driver_info, and more.
+%% @doc JSON: name, vendor, device, driver, backend, driver_info (the
+%% original's types: vendor and device integers, backend lower-case), and more.
 -spec adapter_info() -> binary().
 adapter_info() ->
-    unwrap(kem:call(adapter_info, {}, timeout())).
+    Json = unwrap(kem:call(adapter_info, {}, timeout())),
+    case kem_json:decode(Json) of
+        {ok, Info} when is_map(Info) -> kem_json:encode(kem_adapter:compat(Info));
+        _ -> Json
+    end.
 
 unwrap({ok, Value}) -> Value;
 unwrap({error, Reason}) -> erlang:error(Reason).
 
 timeout() ->
-    application:get_env(kem, timeout, 30000).
+    kem:default_timeout().

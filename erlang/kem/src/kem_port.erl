@@ -79,6 +79,7 @@ init({Name, Index, Module}) ->
         {ok, Port} ->
             State = #{name => Name, port => Port, next => 1, pending => #{},
                       os_pid => os_pid_of(Port)},
+            kem_metrics:port_started(Name),
             handshake(State);
         {error, Reason} ->
             {stop, Reason}
@@ -143,6 +144,7 @@ format_status(Status) ->
 %% A port exit is expected (kill, crash, restart on timeout): a {shutdown, _}
 %% reason keeps OTP from writing a crash report; one warning line says why.
 stop_port_exited(Status, State) ->
+    kem_metrics:port_exited(maps:get(name, State), Status),
     logger:warning("kem_port ~p: port exited (~0p); restarting", [maps:get(name, State), Status]),
     {stop, {shutdown, {port_exited, Status}}, State#{port := undefined}}.
 
@@ -234,55 +236,45 @@ open(Python, Module, Index) ->
     end.
 
 %% Fail fast, as erlexec does: the port must answer a ping (Python opens the
-%% GPU device before reading its first frame) or init fails with why.
+%% GPU device before reading its first frame), then say which package and
+%% protocol it is, or init fails with why.
 handshake(State = #{port := Port}) ->
     Timeout = application:get_env(kem, start_timeout, 60000),
-    true = port_command(Port, term_to_binary({call, 0, ping, {}})),
+    case ask(Port, ping, Timeout) of
+        {ok, pong} ->
+            case kem_version:check(ask(Port, version, Timeout)) of
+                ok -> {ok, State};
+                {error, Reason} -> close(State), {stop, Reason}
+            end;
+        {exit_status, Status} ->
+            {stop, {port_exited_at_start, Status}};
+        timeout ->
+            close(State),
+            {stop, {port_start_timeout, Timeout}};
+        Other ->
+            close(State),
+            {stop, {bad_handshake, Other}}
+    end.
+
+%% One request before any caller's: ReqId 0, answered in order.
+ask(Port, Method, Timeout) ->
+    true = port_command(Port, term_to_binary({call, 0, Method, {}})),
     receive
         {Port, {data, Frame}} ->
             case decode(Frame) of
-                {reply, 0, {ok, pong}} -> {ok, State};
-                Other -> close(State), {stop, {bad_handshake, Other}}
+                {reply, 0, Result} -> Result;
+                Other -> Other
             end;
         {Port, {exit_status, Status}} ->
-            {stop, {port_exited_at_start, Status}}
+            {exit_status, Status}
     after Timeout ->
-        close(State),
-        {stop, {port_start_timeout, Timeout}}
+        timeout
     end.
 
-%% @doc The interpreter that has kem_port: KEM_PYTHON, app env `python', the
-%% project's .venv (searched upward from this module), python3 on PATH.
+%% @doc The interpreter that runs the port (see kem_python).
 -spec python_executable() -> string().
 python_executable() ->
-    Candidates = [os:getenv("KEM_PYTHON"), app_python(), venv_python(), os:find_executable("python3")],
-    case [C || C <- Candidates, is_list(C), C =/= ""] of
-        [First | _] -> First;
-        [] -> error({python_not_found, <<"set KEM_PYTHON or the kem app env python">>})
-    end.
-
-app_python() ->
-    case application:get_env(kem, python) of
-        {ok, P} when is_list(P) -> P;
-        {ok, P} when is_binary(P) -> binary_to_list(P);
-        _ -> false
-    end.
-
-venv_python() ->
-    case code:which(?MODULE) of
-        Path when is_list(Path) -> find_venv(filename:dirname(filename:absname(Path)));
-        _ -> false
-    end.
-
-find_venv("/") -> false;
-find_venv(Dir) ->
-    Candidate = filename:join([Dir, ".venv", "bin", "python"]),
-    case filelib:is_file(Candidate) of
-        true -> Candidate;
-        false ->
-            Parent = filename:dirname(Dir),
-            case Parent of Dir -> false; _ -> find_venv(Parent) end
-    end.
+    kem_python:executable().
 
 -define(ENV_KEYS, [
     {kernel_dir, "KEM_KERNEL_DIR"}, {max_output_bytes, "KEM_MAX_OUTPUT_BYTES"},

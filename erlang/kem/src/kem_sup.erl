@@ -19,7 +19,11 @@ init([]) ->
     Count = port_count(),
     Counter = atomics:new(1, [{signed, false}]),
     persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),
-    Children = [
+    %% First, so its table outlives every port restart.
+    Metrics = #{id => kem_metrics, start => {kem_metrics, start_link, []},
+                restart => permanent, shutdown => 5000, type => worker,
+                modules => [kem_metrics]},
+    Ports = [
         #{id => port_name(I),
           start => {kem_port, start_link, [port_name(I), I]},
           restart => permanent,
@@ -27,6 +31,7 @@ init([]) ->
           type => worker,
           modules => [kem_port]}
      || I <- lists:seq(1, Count)],
+    Children = [Metrics | Ports],
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
     {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, Children}}.

@@ -1,0 +1,156 @@
+%%% @doc kem's counters and histograms, owned by the Erlang side so they
+%%% survive port restarts (the Python port's own `stats' start at zero with
+%%% every new process).
+%%%
+%%% One public ETS table, owned by this process (the first child of
+%%% `kem_sup'); writers bump it with `ets:update_counter/4' from the calling
+%%% process, so recording costs no message. Read it as Prometheus text with
+%%% `kem:metrics/0'; inside a HyperBEAM node `kem_prometheus' exports the same
+%%% table to the node's registry, so its `/metrics' shows it.
+%%%
+%%% What is kept: calls and their wall time by method (a histogram), errors
+%%% by reason, bytes in and out, port starts and exits, and kernel
+%%% fetch/verify failures (errors whose reason is one of
+%%% the gateway reasons). GPU-side figures (queue depth, batch sizes, pool
+%%% bytes) live in the port: `text/0' adds the live ports' values as gauges.
+-module(kem_metrics).
+-behaviour(gen_server).
+
+-export([start_link/0, call_done/4, port_started/1, port_exited/2,
+         text/0, families/0, snapshot/0]).
+-export([init/1, handle_call/3, handle_cast/2]).
+
+-type labels() :: [{binary(), binary()}].
+-type family() ::
+    {Name :: binary(), counter | gauge, Help :: binary(), [{labels(), number()}]}
+    | {Name :: binary(), histogram, Help :: binary(),
+       [{labels(), [{float() | inf, non_neg_integer()}], Count :: non_neg_integer(), SumSeconds :: float()}]}.
+-export_type([family/0]).
+
+-define(TABLE, kem_metrics).
+%% Seconds; kernel calls here run from ~50 us (inline ping) to seconds.
+-define(BUCKETS, [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                  0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]).
+-define(FETCH_REASONS, [id_mismatch, bad_signature, data_root_mismatch, size_mismatch,
+                        header_unavailable, bad_header, pin_mismatch,
+                        unsupported_signature_type, fetch_failed, unreachable,
+                        http_error, not_found, not_pinned, owner_not_allowed]).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc Record one finished call: its method, its result, its wall time in
+%% microseconds and the bytes it carried in and out.
+-spec call_done(atom(), {ok, term()} | {error, term()}, non_neg_integer(),
+                {non_neg_integer(), non_neg_integer()}) -> ok.
+call_done(Method, Result, WallUs, {BytesIn, BytesOut}) ->
+    bump({calls, Method}, 1),
+    bump({duration_sum_us, Method}, WallUs),
+    bump({duration_bucket, Method, bucket(WallUs / 1.0e6, ?BUCKETS)}, 1),
+    bump(bytes_in, BytesIn),
+    bump(bytes_out, BytesOut),
+    case Result of
+        {error, {Reason, _}} when is_atom(Reason) ->
+            bump({errors, Reason}, 1),
+            lists:member(Reason, ?FETCH_REASONS) andalso bump({fetch_failures, Reason}, 1),
+            ok;
+        {error, _} ->
+            bump({errors, internal}, 1);
+        _ ->
+            ok
+    end.
+
+-spec port_started(atom()) -> ok.
+port_started(Name) -> bump({port_starts, Name}, 1).
+
+-spec port_exited(atom(), term()) -> ok.
+port_exited(Name, _Why) -> bump({port_exits, Name}, 1).
+
+%% @doc Every counter as `{Key, Value}', for tests and collectors.
+-spec snapshot() -> [{term(), integer()}].
+snapshot() ->
+    try ets:tab2list(?TABLE) catch error:badarg -> [] end.
+
+%% @doc The Prometheus text exposition format (version 0.0.4).
+-spec text() -> binary().
+text() ->
+    kem_metrics_text:render(families()).
+
+
+%% @doc Every metric, grouped as Prometheus families (cumulative buckets).
+-spec families() -> [family()].
+families() ->
+    Snap = snapshot(),
+    Sum = fun(Match) -> [{L, V} || {K, V} <- Snap, {ok, L} <- [Match(K)]] end,
+    [{<<"kem_calls_total">>, counter, <<"Calls through kem, by method">>,
+      Sum(fun({calls, M}) -> {ok, [{<<"method">>, to_bin(M)}]}; (_) -> no end)},
+     {<<"kem_call_duration_seconds">>, histogram,
+      <<"Wall time of a call as its caller saw it (queue, transfer, GPU)">>, histograms(Snap)},
+     {<<"kem_errors_total">>, counter, <<"Failed calls, by reason">>,
+      Sum(fun({errors, R}) -> {ok, [{<<"reason">>, to_bin(R)}]}; (_) -> no end)},
+     {<<"kem_fetch_failures_total">>, counter, <<"Kernels that could not be fetched or verified, by reason">>,
+      Sum(fun({fetch_failures, R}) -> {ok, [{<<"reason">>, to_bin(R)}]}; (_) -> no end)},
+     {<<"kem_bytes_in_total">>, counter, <<"Input bytes sent to kernels">>,
+      Sum(fun(bytes_in) -> {ok, []}; (_) -> no end)},
+     {<<"kem_bytes_out_total">>, counter, <<"Result bytes returned by kernels">>,
+      Sum(fun(bytes_out) -> {ok, []}; (_) -> no end)},
+     {<<"kem_port_starts_total">>, counter, <<"Python port processes started (restarts included)">>,
+      Sum(fun({port_starts, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
+     {<<"kem_port_exits_total">>, counter, <<"Python port processes that exited (crash, kill, timeout)">>,
+      Sum(fun({port_exits, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)}
+     | port_families()].
+
+histograms(Snap) ->
+    Methods = lists:usort([M || {{duration_sum_us, M}, _} <- Snap]),
+    [histogram(M, Snap) || M <- Methods].
+
+histogram(Method, Snap) ->
+    Counts = [{Le, proplists:get_value({duration_bucket, Method, Le}, Snap, 0)} || Le <- ?BUCKETS ++ [inf]],
+    {Cumulative, Total} = lists:mapfoldl(fun({Le, N}, Acc) -> {{Le, Acc + N}, Acc + N} end, 0, Counts),
+    SumUs = proplists:get_value({duration_sum_us, Method}, Snap, 0),
+    {[{<<"method">>, to_bin(Method)}], Cumulative, Total, SumUs / 1.0e6}.
+
+%% The live ports' integer figures (queue depth, pool bytes...), one gauge
+%% family per figure, labelled by port.
+port_families() ->
+    Gauges = port_gauges(),
+    Keys = lists:usort([K || {K, _, _} <- Gauges]),
+    [{<<"kem_port_", (to_bin(K))/binary>>, gauge, <<"Live value of the port's own '", (to_bin(K))/binary, "' figure">>,
+      [{[{<<"port">>, to_bin(P)}], V} || {K1, P, V} <- Gauges, K1 =:= K]}
+     || K <- Keys].
+
+to_bin(A) when is_atom(A) -> atom_to_binary(A, utf8);
+to_bin(B) when is_binary(B) -> B.
+
+%%% gen_server: only owns the table
+
+init([]) ->
+    _ = ets:new(?TABLE, [named_table, public, set, {write_concurrency, true}]),
+    {ok, #{}}.
+
+handle_call(_Msg, _From, State) -> {reply, ok, State}.
+handle_cast(_Msg, State) -> {noreply, State}.
+
+%%% internals
+
+%% The smallest bucket that holds Seconds (`inf' past the last).
+bucket(Seconds, [Le | _]) when Seconds =< Le -> Le;
+bucket(Seconds, [_ | Rest]) -> bucket(Seconds, Rest);
+bucket(_Seconds, []) -> inf.
+
+bump(Key, By) ->
+    %% Outside a started app the table is absent: recording is a no-op then.
+    try ets:update_counter(?TABLE, Key, By, {Key, 0}), ok
+    catch error:badarg -> ok
+    end.
+
+%% Live port figures (integers only), as `{Name, Port, Value}'.
+port_gauges() ->
+    case kem:stats() of
+        {ok, PerPort} ->
+            [{Key, Port, V} || {Port, Stats} <- maps:to_list(PerPort),
+                               {Key, V} <- maps:to_list(Stats), is_integer(V)];
+        {error, _} ->
+            []
+    end.
