@@ -1,9 +1,13 @@
 -- Calling the kem@1.0 device from an ao process on a HyperBEAM node.
 --
 -- ao.resolve returns two values: a status string ("ok" or "error") and the
--- result. On success the result is a table whose body holds the kernel's
--- output bytes as a Lua string; on failure its status is 4xx/5xx and its
--- body says why (error, reason, details).
+-- reply as a table. On success res.status is 200, res.body the kernel's
+-- output bytes as a Lua string, and res["kem-usage-us"],
+-- res["kem-usage-bytes-in"], ... what the call cost. On failure res.status
+-- is 4xx/5xx and res.error, res.reason (e.g. "kernel_not_found") and
+-- res.details say why; res.body holds the same three as a JSON string.
+--
+-- The node must let Lua see kem@1.0: see README, "From Lua and ao processes".
 --
 -- "double" is one of kem's example kernels; a published kernel is named by
 -- its 43-character Arweave transaction ID instead.
@@ -18,7 +22,7 @@ function double_on_gpu(base, req, opts)
         body = KEM_REQUEST_BODY
     })
     if status ~= "ok" then
-        base.kem_error = res
+        base.kem_error = { status = res.status, reason = res.reason, details = res.details }
         return base
     end
     -- res.body is "\2\6\10\14": each little-endian u32 word doubled.

@@ -3,7 +3,7 @@
 %%% has kem_port the app does not start, and says why in one error.
 -module(kem_app).
 -behaviour(application).
--export([start/2, stop/1]).
+-export([start/2, prep_stop/1, stop/1]).
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
@@ -11,6 +11,13 @@ start(_Type, _Args) ->
         {ok, _Python} -> kem_sup:start_link();
         {error, Reason} -> {error, Reason}
     end.
+
+%% @doc Forget the port names first: calls made while the app stops get
+%% `not_started', not "the port is restarting".
+-spec prep_stop(term()) -> term().
+prep_stop(State) ->
+    _ = persistent_term:erase({kem, ports}),
+    State.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

@@ -1,5 +1,7 @@
 %%% @doc Reports a call's usage to HyperBEAM's metering device where the
-%%% node has one (`dev_metering:consume/3', checked at run time). It keeps
+%%% node has one, checked at run time: its helper is `meter/3' in some
+%%% HyperBEAM versions and `consume/3' in others, same arguments
+%%% (Resource, Amount, Opts). It keeps
 %%% its meters in the calling process's dictionary during a P4 request and
 %%% ignores calls outside one, so this runs in the process that called the
 %%% device. Resources: `kem-us' (GPU time where the port measured it, else
@@ -10,12 +12,18 @@
 
 -spec report(kem:usage(), map()) -> ok.
 report(#{us := Us, bytes_in := In, bytes_out := Out}, Opts) ->
-    case kem_optional:has(dev_metering, consume, 3) of
-        true ->
-            [ok = dev_metering:consume(Resource, Amount, Opts)
+    case helper() of
+        none -> ok;
+        F ->
+            [ok = dev_metering:F(Resource, Amount, Opts)
              || {Resource, Amount} <- [{<<"kem-us">>, Us}, {<<"kem-bytes-in">>, In},
                                        {<<"kem-bytes-out">>, Out}]],
-            ok;
-        false ->
             ok
+    end.
+
+helper() ->
+    case {kem_optional:has(dev_metering, meter, 3), kem_optional:has(dev_metering, consume, 3)} of
+        {true, _} -> meter;
+        {_, true} -> consume;
+        _ -> none
     end.

@@ -18,7 +18,7 @@
 
 -export([start_link/0, call_done/4, port_started/1, port_exited/2,
          text/0, families/0, snapshot/0]).
--export([init/1, handle_call/3, handle_cast/2]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
 -type labels() :: [{binary(), binary()}].
 -type family() ::
@@ -28,6 +28,11 @@
 -export_type([family/0]).
 
 -define(TABLE, kem_metrics).
+%% How often to look for a Prometheus registry to join (kem_prometheus):
+%% HyperBEAM starts prometheus with its HTTP server, after kem, so often at
+%% first; then slowly, in case a restarted prometheus forgot kem.
+-define(REGISTRY_LOOK_MS, 250).
+-define(REGISTRY_RECHECK_MS, 10000).
 %% Seconds; kernel calls here run from ~50 us (inline ping) to seconds.
 -define(BUCKETS, [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                   0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]).
@@ -123,14 +128,25 @@ port_families() ->
 to_bin(A) when is_atom(A) -> atom_to_binary(A, utf8);
 to_bin(B) when is_binary(B) -> B.
 
-%%% gen_server: only owns the table
+%%% gen_server: owns the table, joins a Prometheus registry when one appears
 
 init([]) ->
     _ = ets:new(?TABLE, [named_table, public, set, {write_concurrency, true}]),
+    self() ! join_registry,
     {ok, #{}}.
 
 handle_call(_Msg, _From, State) -> {reply, ok, State}.
 handle_cast(_Msg, State) -> {noreply, State}.
+
+handle_info(join_registry, State) ->
+    Next = case kem_prometheus:ensure_registered() of
+        registered -> ?REGISTRY_RECHECK_MS;
+        absent -> ?REGISTRY_LOOK_MS
+    end,
+    erlang:send_after(Next, self(), join_registry),
+    {noreply, State};
+handle_info(_Msg, State) ->
+    {noreply, State}.
 
 %%% internals
 

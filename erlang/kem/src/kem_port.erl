@@ -72,10 +72,10 @@ os_pid(Server) ->
 
 %%% gen_server
 
-init({Name, Index, Module}) ->
+init({Name, _Index, Module}) ->
     process_flag(trap_exit, true),
     Python = python_executable(),
-    case open(Python, Module, Index) of
+    case open(Python, Module) of
         {ok, Port} ->
             State = #{name => Name, port => Port, next => 1, pending => #{},
                       os_pid => os_pid_of(Port)},
@@ -226,9 +226,9 @@ os_pid_of(Port) ->
         _ -> undefined
     end.
 
-open(Python, Module, Index) ->
+open(Python, Module) ->
     Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
-            {args, ["-m", Module]}, {env, port_env(Index)}],
+            {args, ["-m", Module]}, {env, port_env()}],
     try
         {ok, open_port({spawn_executable, Python}, Opts)}
     catch
@@ -276,29 +276,26 @@ ask(Port, Method, Timeout) ->
 python_executable() ->
     kem_python:executable().
 
--define(ENV_KEYS, [
-    {kernel_dir, "KEM_KERNEL_DIR"}, {max_output_bytes, "KEM_MAX_OUTPUT_BYTES"},
-    {max_input_bytes, "KEM_MAX_INPUT_BYTES"}, {queue_limit, "KEM_QUEUE_LIMIT"},
-    {adapter, "KEM_ADAPTER"}, {gateways, "KEM_GATEWAYS"}, {verify, "KEM_VERIFY"},
-    {allowed_owners, "KEM_ALLOWED_OWNERS"}, {pins, "KEM_PINS"},
-    {cache_dir, "KEM_CACHE_DIR"}, {log, "KEM_LOG"}]).
-
-port_env(Index) ->
-    Mapped = [{Var, env_value(V)} || {Key, Var} <- ?ENV_KEYS,
-                                     {ok, V} <- [application:get_env(kem, Key)],
-                                     V =/= undefined],
-    Extra = [{env_value(K), env_value(V)} || {K, V} <- application:get_env(kem, port_env, [])],
+%% The port's settings (kem_settings), this node's shared-memory dir, and a
+%% runtime dir for Mesa where the node has none.
+port_env() ->
     Shm = case filelib:is_dir(kem_shm:dir()) of
         true -> [{"KEM_SHM_DIR", kem_shm:dir()}];
         false -> []
     end,
-    [{"KEM_PORT_INDEX", integer_to_list(Index)} | Shm ++ Mapped ++ Extra].
+    runtime_dir() ++ Shm ++ kem_settings:port_env().
 
-env_value(V) when is_list(V) ->
-    case io_lib:printable_unicode_list(V) of
-        true -> V;
-        false -> lists:flatten(lists:join(",", [env_value(E) || E <- V]))
-    end;
-env_value(V) when is_binary(V) -> binary_to_list(V);
-env_value(V) when is_integer(V) -> integer_to_list(V);
-env_value(V) when is_atom(V) -> atom_to_list(V).
+%% Mesa's Vulkan loader prints "XDG_RUNTIME_DIR is invalid or not set" on
+%% stderr, which is the node's console, at every device open when a service
+%% runs without a login session. A private 0700 dir keeps it quiet.
+runtime_dir() ->
+    case os:getenv("XDG_RUNTIME_DIR") of
+        false ->
+            Dir = filename:join(filename:basedir(user_cache, "kem"), "runtime"),
+            case filelib:ensure_path(Dir) =:= ok andalso file:change_mode(Dir, 8#700) =:= ok of
+                true -> [{"XDG_RUNTIME_DIR", Dir}];
+                false -> []
+            end;
+        _ ->
+            []
+    end.

@@ -9,7 +9,8 @@
 
 device_test_() ->
     {setup, fun start/0, fun stop/1,
-     [{timeout, 60, fun kebab_case_keys/0},
+     [{timeout, 60, fun every_app_env_key_reaches_the_port/0},
+      {timeout, 60, fun kebab_case_keys/0},
       {timeout, 60, fun binary_body_with_keys/0},
       {timeout, 60, fun errors_are_json_with_reasons_and_no_paths/0},
       {timeout, 60, fun encoded_image_files_are_refused/0},
@@ -19,6 +20,8 @@ device_test_() ->
 
 start() ->
     ok = application:load(kem),
+    %% A port setting with no Erlang code of its own: KEM_MAX_BATCH.
+    ok = application:set_env(kem, max_batch, 7),
     {ok, Apps} = application:ensure_all_started(kem),
     Apps.
 
@@ -28,6 +31,9 @@ stop(Apps) ->
     ok.
 
 double_ref(Input, OutputSize) -> kem_ref:double_ref(Input, OutputSize).
+
+every_app_env_key_reaches_the_port() ->
+    ?assertMatch({ok, #{max_batch := 7}}, kem:config()).
 
 kebab_case_keys() ->
     [begin

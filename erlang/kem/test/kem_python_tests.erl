@@ -27,7 +27,10 @@ python_check_test_() ->
             {ok, Found} = kem_python:check(),
             ok = application:start(kem),
             ?assertEqual({ok, pong}, kem:ping()),
-            ?assertEqual(Found, kem_port:python_executable())
+            ?assertEqual(Found, kem_port:python_executable()),
+            %% Stopped: callers hear so, not "the port is restarting".
+            ok = application:stop(kem),
+            ?assertMatch({error, {not_started, _}}, kem:ping())
         after
             os:unsetenv("KEM_PYTHON"),
             application:stop(kem),
