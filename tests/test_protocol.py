@@ -31,6 +31,10 @@ def test_hello_ping_adapter_info(port):
     info = json.loads(port.call("adapter_info"))
     for key in ("name", "vendor", "device", "driver", "backend", "driver_info", "adapter_type"):
         assert key in info
+    # The original's types: PCI ids as integers, backend lower-case.
+    assert isinstance(info["vendor"], int) and isinstance(info["device"], int)
+    assert info["vendor"] == info["vendor_id"] and info["device"] == info["device_id"]
+    assert info["backend"] == info["backend"].lower() and info["backend"]
     assert info["limits"]["max_storage_buffer_binding_size"] > 0
 
 

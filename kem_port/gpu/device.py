@@ -132,12 +132,15 @@ class Device:
         assert self.adapter is not None
         info = self.adapter.info
         limits = self.adapter.limits
+        # The original's six fields with its types (wgpu's Rust AdapterInfo):
+        # vendor and device are the PCI ids as integers, backend lower-case.
         return {
             "name": info.get("device", ""),
-            "vendor": info.get("vendor", "") or str(info.get("vendor_id", "")),
-            "device": str(info.get("device_id", "")),
+            "vendor": int(info.get("vendor_id", 0) or 0),
+            "device": int(info.get("device_id", 0) or 0),
             "driver": info.get("description", ""),
-            "backend": info.get("backend_type", ""),
+            "backend": str(info.get("backend_type", "")).lower(),
+            "vendor_name": info.get("vendor", ""),
             "driver_info": info.get("description", ""),
             "adapter_type": info.get("adapter_type", ""),
             "vendor_id": info.get("vendor_id", 0),

@@ -31,11 +31,7 @@ execute_kernel_with_params(KernelId, InputData, Params)
 %% original's types: vendor and device integers, backend lower-case), and more.
 -spec adapter_info() -> binary().
 adapter_info() ->
-    Json = unwrap(kem:call(adapter_info, {}, timeout())),
-    case kem_json:decode(Json) of
-        {ok, Info} when is_map(Info) -> kem_json:encode(kem_adapter:compat(Info));
-        _ -> Json
-    end.
+    unwrap(kem:call(adapter_info, {}, timeout())).
 
 unwrap({ok, Value}) -> Value;
 unwrap({error, Reason}) -> erlang:error(Reason).

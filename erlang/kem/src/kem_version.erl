@@ -2,10 +2,8 @@
 %%% answers `version' with `#{package => <<"0.2.0">>, protocol => 2}'; the
 %%% protocol must be the one this app speaks and the package must have this
 %%% app's major.minor version (a patch release of either half may differ).
-%%%
-%%% A port from before the handshake (kem_port < 0.2.0 answers
-%%% `unknown_method') is let through with a warning while the Python
-%%% side's `version' method lands; see docs/packaging.md.
+%%% A port from before the handshake (kem_port < 0.2.0) answers
+%%% `unknown_method': a mismatch too.
 -module(kem_version).
 -export([check/1, protocol/0, app_vsn/0]).
 
@@ -45,9 +43,8 @@ check({ok, #{protocol := Protocol}}) ->
               ", this kem app speaks ", integer_to_list(?PROTOCOL),
               ": install the matching kem_port (kem_python:install/1)"]);
 check({error, {unknown_method, _}}) ->
-    logger:warning("kem: the Python port has no `version' method (kem_port < 0.2.0); "
-                   "the two halves' versions are not checked"),
-    ok;
+    mismatch(["the Python package kem_port is older than 0.2.0 (it has no `version' method), "
+              "this kem app is ", app_vsn(), ": install the matching kem_port (kem_python:install/1)"]);
 check(Other) ->
     mismatch(["the port answered ", io_lib:format("~0P", [Other, 8]), " to `version'"]).
 
@@ -71,5 +68,6 @@ check_test() ->
     {error, {version_mismatch, Why}} = check({ok, #{package => <<"9.9.0">>, protocol => ?PROTOCOL}}),
     ?assertNotEqual(nomatch, binary:match(Why, <<"9.9.0">>)),
     ?assertMatch({error, {version_mismatch, _}}, check({ok, #{package => Vsn, protocol => 99}})),
+    ?assertMatch({error, {version_mismatch, _}}, check({error, {unknown_method, <<"version">>}})),
     ?assertMatch({error, {version_mismatch, _}}, check({error, {bad_args, <<"x">>}})).
 -endif.
