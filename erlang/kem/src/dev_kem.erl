@@ -85,9 +85,9 @@ handle(Key, Msg1, Msg2, Opts) ->
                     event(kem, {failed, Key, Reason}),
                     failure(<<"Failed to execute kernel">>, Reason)
             end;
-        {bad_request, Status, Detail} ->
+        {bad_request, Status, Reason, Detail} ->
             event(kem, {bad_request, Key, Detail}),
-            error_reply(Status, <<"Bad request">>, bad_request, Detail)
+            error_reply(Status, <<"Bad request">>, Reason, Detail)
     end.
 
 request(Key, Msg1, Msg2, Opts) ->
@@ -95,7 +95,7 @@ request(Key, Msg1, Msg2, Opts) ->
         Fields = fields(Msg1, Msg2, Opts),
         args(Key, Fields)
     catch
-        throw:{bad_request, Status, Detail} -> {bad_request, Status, Detail}
+        throw:{bad_request, Status, Reason, Detail} -> {bad_request, Status, Reason, Detail}
     end.
 
 %% A binary body with content-type application/octet-stream is the input;
@@ -203,16 +203,16 @@ params(_) -> bad(<<"params must be a non-empty array of integers 0..4294967295">
 %% Image kernels take raw RGBA8 pixels; the original decoded PNG/JPEG files
 %% in the NIF. Say so instead of running a kernel over compressed bytes.
 not_an_image_file(<<16#89, "PNG", 16#0D, 16#0A, 16#1A, 16#0A, _/binary>>) ->
-    bad(415, <<"input-data is an encoded PNG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
+    bad(415, encoded_image, <<"input-data is an encoded PNG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
 not_an_image_file(<<16#FF, 16#D8, 16#FF, _/binary>>) ->
-    bad(415, <<"input-data is an encoded JPEG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
+    bad(415, encoded_image, <<"input-data is an encoded JPEG file: send raw RGBA8 pixels (width*height*4 bytes)">>);
 not_an_image_file(_) -> ok.
 
 -spec bad(binary()) -> no_return().
-bad(Detail) -> bad(400, Detail).
+bad(Detail) -> bad(400, bad_request, Detail).
 
--spec bad(400..499, binary()) -> no_return().
-bad(Status, Detail) -> throw({bad_request, Status, Detail}).
+-spec bad(400..499, atom(), binary()) -> no_return().
+bad(Status, Reason, Detail) -> throw({bad_request, Status, Reason, Detail}).
 
 %%% replies
 

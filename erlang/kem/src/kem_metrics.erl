@@ -32,6 +32,7 @@
 %% HyperBEAM starts prometheus with its HTTP server, after kem, so often at
 %% first; then slowly, in case a restarted prometheus forgot kem.
 -define(REGISTRY_LOOK_MS, 250).
+-define(STATS_TIMEOUT_MS, 1000).
 -define(REGISTRY_RECHECK_MS, 10000).
 %% Seconds; kernel calls here run from ~50 us (inline ping) to seconds.
 -define(BUCKETS, [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
@@ -161,12 +162,14 @@ bump(Key, By) ->
     catch error:badarg -> ok
     end.
 
-%% Live port figures (integers only), as `{Name, Port, Value}'.
+%% Live port figures (integers only), as `{Name, Port, Value}'. A short
+%% timeout: a scrape must not wait 30 s on a port busy with a long kernel.
 port_gauges() ->
-    case kem:stats() of
-        {ok, PerPort} ->
-            [{Key, Port, V} || {Port, Stats} <- maps:to_list(PerPort),
-                               {Key, V} <- maps:to_list(Stats), is_integer(V)];
-        {error, _} ->
-            []
+    case persistent_term:get({kem, ports}, undefined) of
+        undefined -> [];
+        {Names, _} ->
+            [{Key, Port, V} || Port <- tuple_to_list(Names),
+                               {ok, Stats} <- [kem_port:call(Port, stats, {}, ?STATS_TIMEOUT_MS)],
+                               is_map(Stats),
+                               {Key, V} <- maps:to_list(Stats), is_integer(V)]
     end.

@@ -94,7 +94,7 @@ encoded_image_files_are_refused() ->
     [begin
          Req = #{<<"content-type">> => <<"application/octet-stream">>, <<"body">> => File,
                  <<"kernel-id">> => <<"pixelize">>, <<"params">> => <<"4,4,2,0">>},
-         {error, #{<<"status">> := 415, <<"details">> := D}} =
+         {error, #{<<"status">> := 415, <<"reason">> := <<"encoded_image">>, <<"details">> := D}} =
              dev_kem:execute_kernel_with_params(#{}, Req, #{}),
          ?assertNotEqual(nomatch, binary:match(D, Kind))
      end || {File, Kind} <- [{Png, <<"PNG">>}, {Jpeg, <<"JPEG">>}]].
