@@ -90,6 +90,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("fetch_retries", "fetch_retries", 2, _integer(0), "2", "per gateway request"),
     S("test_hooks", "test_hooks", False, lambda raw: raw == "1", "off", "`1` enables the `test_hook` method (tests only)"),
     S("gpu_timing", "gpu_timing", "auto", _choice("auto", "on", "off"), "`auto`", "GPU timestamps (`auto`: one batch in 16 on real GPUs, none on CPU adapters; `on`: every batch)"),
+    S("hot_path", "hot_path", "auto", _choice("auto", "native", "wrappers"), "`auto`", "a batch's native calls: `native` (wgpu-native's C API), `wrappers` (wgpu-py's objects), `auto` (native when this wgpu-py has what it needs; docs/executor.md)"),
     S("poll_spin_us", "poll_spin_us", None, _integer(0), "by adapter", "µs of non-blocking polls before a blocking wait (2000 on GPUs, 0 on CPU adapters; docs/executor.md)"),
     S("shm_dir", "shm_dir", None, lambda raw: Path(raw).resolve(), "set by the app", "the node's `/dev/shm` directory for large payloads (app env `shm_threshold`, 1 MiB)"),
 )
@@ -128,6 +129,7 @@ class Config:
     fetch_retries: int = _default("fetch_retries")
     test_hooks: bool = _default("test_hooks")
     gpu_timing: str = _default("gpu_timing")
+    hot_path: str = _default("hot_path")
     poll_spin_us: int | None = _default("poll_spin_us")  # None: chosen by adapter type
     shm_dir: Path | None = _default("shm_dir")
 

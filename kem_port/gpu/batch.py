@@ -1,7 +1,9 @@
 """A batch's stages: encode, submit, wait, read back. Each raises on failure;
 gpu/executor.py decides what a failure means for the callers.
 
-wgpu-py costs ~20 us per native call on these machines, more than a small
+The native calls go through the device's hot path (gpu/hot_path.py:
+wgpu-native's C API, or wgpu-py's objects as the fallback). Through
+wgpu-py's objects a native call cost ~20 us here, more than a small
 kernel, so a batch is laid out to need few of them: all inputs in one
 buffer (one upload for the small ones), all outputs in one buffer (one
 clear, one copy to staging), params in one uniform buffer, every dispatch
@@ -19,11 +21,10 @@ import wgpu
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
+from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.pipelines import Pipelines
 from kem_port.gpu.plan import BatchPlan, Prepared
 from kem_port.gpu.timing import Timing
-from kem_port.gpu.wait import wait_for_map
-from kem_port.gpu.wgpu_private import map_for_reading_unsynced
 from kem_port.gpu.contract import align
 from kem_port.stats import Stats
 
@@ -38,11 +39,13 @@ class Flight:
     items: list[Prepared]
     device: wgpu.GPUDevice
     pool: BufferPool
+    hot: HotPath  # the native calls of the device it was encoded on
     taken: list[tuple[str, wgpu.GPUBuffer]] = field(default_factory=list)
     staging: wgpu.GPUBuffer | None = None
     timing: Timing | None = None
     commands: wgpu.GPUCommandBuffer | None = None  # until submitted
     mapped: object = None  # the staging map's promise, once submitted
+    index: int | None = None  # its submission index, where the path has one
     spent: float = 0.0  # seconds spent on it in all stages, waiting included
 
     @property
@@ -61,6 +64,9 @@ class Flight:
     def release(self) -> None:
         """Buffers go back to the pool that lent them (after a rebuild, an
         old pool that nobody uses any more)."""
+        if self.commands is not None:  # encoded, never submitted
+            self.hot.discard(self.commands)
+            self.commands = None
         for kind, buf in self.taken:
             self.pool.give(kind, buf)
         self.taken = []
@@ -81,7 +87,8 @@ class Stages:
         for item in items:
             self.stats.add_time("queue_wait", started - item.job.enqueued)
         plan = BatchPlan(items, self.device.storage_align, self.device.uniform_align)
-        flight = Flight(items, device, pool)
+        assert self.device.hot is not None
+        flight = Flight(items, device, pool, self.device.hot)
         try:
             self._record(flight, plan)
         except BaseException:
@@ -101,40 +108,43 @@ class Stages:
             timing.resolved = flight.take("query", timing.size)
         flight.staging = flight.take("staging", plan.out_total + (align(timing.size, STAGING_ALIGN) if timing else 0))
         flight.timing = timing
-        plan.upload(device.queue, in_buf, u_buf)
-        encoder = device.create_command_encoder()
-        # Pooled buffers hold earlier callers' bytes: clear what this
-        # batch binds, so a kernel that skips elements returns zeros.
-        encoder.clear_buffer(out_buf, 0, plan.out_total)
-        compute = encoder.begin_compute_pass(timestamp_writes=timing.writes()) if timing else encoder.begin_compute_pass()
-        current = None
-        for item in flight.items:
-            if item.pipeline is not current:
-                compute.set_pipeline(item.pipeline.pipeline)
-                current = item.pipeline
-            params = (u_buf, item.u_offset, item.u_size) if item.job.call.params is not None else None
-            group = self.pipelines.bind_group(
-                device, item.pipeline, (in_buf, item.in_offset, item.in_size), (out_buf, item.out_offset, item.out_size), params
-            )
-            compute.set_bind_group(0, group)
-            compute.dispatch_workgroups(*item.groups)
-        compute.end()
-        encoder.copy_buffer_to_buffer(out_buf, 0, flight.staging, 0, plan.out_total)
-        if timing is not None:
-            timing.resolve(encoder, flight.staging)
-        flight.commands = encoder.finish()
+        plan.upload(flight.hot, in_buf, u_buf)
+        encoder = flight.hot.encoder()
+        try:
+            # Pooled buffers hold earlier callers' bytes: clear what this
+            # batch binds, so a kernel that skips elements returns zeros.
+            encoder.clear_buffer(out_buf, 0, plan.out_total)
+            encoder.begin_pass(timing.query_set if timing else None)
+            current = None
+            for item in flight.items:
+                if item.pipeline is not current:
+                    encoder.set_pipeline(item.pipeline.pipeline)
+                    current = item.pipeline
+                params = (u_buf, item.u_offset, item.u_size) if item.job.call.params is not None else None
+                group = self.pipelines.bind_group(
+                    device, item.pipeline, (in_buf, item.in_offset, item.in_size), (out_buf, item.out_offset, item.out_size), params
+                )
+                encoder.set_bind_group(group)
+                encoder.dispatch(*item.groups)
+            encoder.end_pass()
+            encoder.copy(out_buf, 0, flight.staging, 0, plan.out_total)
+            if timing is not None:
+                timing.resolve(encoder, flight.staging)
+            flight.commands = encoder.finish()
+        finally:
+            encoder.abandon()
 
     def submit(self, flight: Flight) -> None:
         started = time.perf_counter()
-        flight.device.queue.submit([flight.commands])
-        flight.commands = None
-        flight.mapped = map_for_reading_unsynced(flight.staging, flight.staging.size)
+        commands, flight.commands = flight.commands, None
+        flight.index = flight.hot.submit(commands)
+        flight.mapped = flight.hot.map_read(flight.staging, 0, flight.staging.size)
         self._stage_done(flight, "submit", started)
 
     def wait(self, flight: Flight) -> None:
         """Block until the batch is done and its staging mapped."""
         started = time.perf_counter()
-        wait_for_map(flight.device, flight.mapped, self.device.spin_s)
+        flight.hot.wait(flight.mapped, self.device.spin_s, flight.index)
         self._stage_done(flight, "gpu_wait", started)
 
     def read(self, flight: Flight) -> list[tuple[Job, bytes]]:
@@ -143,7 +153,7 @@ class Stages:
         later: list[tuple[Job, bytes]] = []
         # One view of the whole mapped range (each read_mapped is a
         # native call); every caller's result is a slice of it.
-        mapped_view = flight.staging.read_mapped(0, flight.staging.size, copy=False)
+        mapped_view = flight.hot.mapped(flight.staging, 0, flight.staging.size)
         for item in flight.items:
             size = item.job.call.output_size
             view = mapped_view[item.out_offset : item.out_offset + size]
@@ -154,7 +164,7 @@ class Stages:
         if flight.timing is not None:
             self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
             self.stats.inc("gpu_kernel_samples", len(flight.items))
-        flight.staging.unmap()
+        flight.hot.unmap(flight.staging)
         return later
 
     def answer(self, job: Job, view: memoryview) -> None:

@@ -15,7 +15,7 @@ import wgpu
 
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu import timing
+from kem_port.gpu import hot_path, timing
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu.dispatch import DispatchLimits
 from kem_port.stats import Stats
@@ -75,6 +75,7 @@ class Device:
         self.storage_align = STAGING_ALIGN
         self.uniform_align = STAGING_ALIGN
         self.spin_s = 0.0
+        self.hot: hot_path.HotPath | None = None  # the batch's native calls (gpu/hot_path.py)
         self.info: dict = {}
 
     def open(self) -> None:
@@ -91,9 +92,11 @@ class Device:
         self.uniform_limit = int(limits["max-uniform-buffer-binding-size"])
         self.dispatch_limits = DispatchLimits(int(limits["max-compute-workgroups-per-dimension"]))
         self.pool = BufferPool(self.device, self.config.pool_bytes, max_buffer)
+        self.hot = hot_path.choose(self.device, self.config.hot_path)
         self.storage_align = max(STAGING_ALIGN, int(limits["min-storage-buffer-offset-alignment"]))
         self.uniform_align = max(STAGING_ALIGN, int(limits["min-uniform-buffer-offset-alignment"]))
         self.info = self._describe_adapter()
+        self.info["hot_path"] = hot_path.name(self.hot)
         self.stats.add_time("device_open", time.perf_counter() - started)
         log.info("using %s (%s)", self.info["name"], self.info["backend"])
 
@@ -121,6 +124,7 @@ class Device:
         """Forget the device (calls then open a new one)."""
         self.device = None
         self.pool = None
+        self.hot = None
         self.timer = timing.Sampler(None, self.config.gpu_timing)
 
     def require(self) -> wgpu.GPUDevice:

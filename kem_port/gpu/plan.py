@@ -60,30 +60,30 @@ class BatchPlan:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
         self.in_total, self.out_total, self.u_total = in_total, out_total, u_total
 
-    def upload(self, queue, in_buf, u_buf) -> None:
+    def upload(self, hot, in_buf, u_buf) -> None:
         """Small inputs and all params go up as one write each, zero-padded;
         large inputs are written from the caller's bytes without a copy."""
         if self.small:
             packed = bytearray(self.small_end)
             for item in self.small:
                 packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
-            queue.write_buffer(in_buf, 0, packed)
+            hot.write(in_buf, 0, packed)
         for item in self.large:
-            _write_padded(queue, in_buf, item.job.call.input, item.in_offset, item.in_size)
+            _write_padded(hot, in_buf, item.job.call.input, item.in_offset, item.in_size)
         if self.u_total:
             params = bytearray(self.u_total)
             for item in self.items:
                 if item.job.call.params is not None:
                     params[item.u_offset : item.u_offset + len(item.job.call.params)] = item.job.call.params
-            queue.write_buffer(u_buf, 0, params)
+            hot.write(u_buf, 0, params)
 
 
-def _write_padded(queue, buf, data: bytes, offset: int, padded: int) -> None:
+def _write_padded(hot, buf, data: bytes, offset: int, padded: int) -> None:
     """Upload data at offset and zero the bytes up to `padded`, without
     copying data (write_buffer reads the caller's buffer directly)."""
     body = len(data) // 4 * 4
     if body:
-        queue.write_buffer(buf, offset, data, 0, body)
+        hot.write(buf, offset, data, body)
     tail = padded - body
     if tail:
-        queue.write_buffer(buf, offset + body, bytes(data[body:]) + bytes(tail - (len(data) - body)))
+        hot.write(buf, offset + body, bytes(data[body:]) + bytes(tail - (len(data) - body)))

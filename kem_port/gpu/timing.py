@@ -32,12 +32,10 @@ class Timing:
         self.query_set = query_set
         self.resolved = None  # a pooled buffer the flight takes
 
-    def writes(self) -> dict:
-        return {"query_set": self.query_set, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
-
     def resolve(self, encoder, staging) -> None:
-        encoder.resolve_query_set(self.query_set, 0, 2, self.resolved, 0)
-        encoder.copy_buffer_to_buffer(self.resolved, 0, staging, self.offset, self.size)
+        """On a gpu/hot_path.py encoder, after the timed pass."""
+        encoder.resolve_queries(self.query_set, 2, self.resolved, 0)
+        encoder.copy(self.resolved, 0, staging, self.offset, self.size)
 
     def read(self, mapped: memoryview) -> float:
         """Seconds of GPU time for the batch's pass, from the mapped staging."""
