@@ -1,0 +1,121 @@
+"""A narrow ETF decoder for kem's hot request shapes, erlang-py for the rest.
+
+Every kernel request the node sends on the hot path is a tree of small
+tuples, atoms, integers and binaries: ``{call, ReqId, execute_kernel,
+{KernelId, Input, Hint}}`` and its ``_with_params`` sibling. erlang-py
+decodes one in 7.1 us on the dev machine (docs/codec.md); walking just
+those five tags with ``struct.unpack_from`` takes a fraction of that
+(scripts/bench_codec.py prints both). Anything else -- a map (``execute``
+options), a list, a float, a big integer, or any frame this walk does not
+consume exactly -- goes to erlang-py (``terms.decode``), which stays the
+judge of what is valid: a truncated frame or trailing bytes are never
+accepted here, they fall through and erlang-py refuses them.
+
+The values returned are the ones erlang-py returns for the same bytes
+(``OtpErlangAtom``, ``OtpErlangBinary``, ``True``/``False``/``None`` for
+those atoms); tests/test_request_fast.py checks that on random frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import erlang
+
+_VERSION = 131
+_SMALL_INTEGER = 97
+_INTEGER = 98
+_ATOM = 100
+_SMALL_TUPLE = 104
+_BINARY = 109
+_SMALL_BIG = 110
+_SMALL_ATOM = 115
+_ATOM_UTF8 = 118
+_SMALL_ATOM_UTF8 = 119
+_MAX_DEPTH = 4  # {call, _, _, {_, _, {X, Y, Z}}} is the deepest hot shape
+_SPECIAL_ATOMS: dict[bytes, Any] = {b"true": True, b"false": False, b"undefined": None}
+
+_ATOM_CACHE = 256
+_MISSING = object()
+_atoms: dict[bytes, Any] = {}  # atom encodings seen -> the value erlang-py gives them
+
+_Atom = erlang.OtpErlangAtom
+_Binary = erlang.OtpErlangBinary
+_int32 = struct.Struct(">i").unpack_from
+_uint32 = struct.Struct(">I").unpack_from
+_uint16 = struct.Struct(">H").unpack_from
+
+
+class _NotHot(Exception):
+    """This frame is not one of the hot shapes: let erlang-py decode it."""
+
+
+def decode_hot(frame: bytes) -> Any | None:
+    """The term in `frame` if it is built only of the hot tags and ends
+    exactly at the frame's end; otherwise None (decode with erlang-py)."""
+    if len(frame) < 2 or frame[0] != _VERSION:
+        return None
+    try:
+        end, term = _term(frame, 1, 0)
+    except (_NotHot, IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return term if end == len(frame) else None
+
+
+def _term(data: bytes, i: int, depth: int) -> tuple[int, Any]:
+    tag = data[i]
+    i += 1
+    if tag == _SMALL_TUPLE:
+        if depth >= _MAX_DEPTH:
+            raise _NotHot
+        arity = data[i]
+        i += 1
+        items = []
+        for _ in range(arity):
+            i, item = _term(data, i, depth + 1)
+            items.append(item)
+        return i, tuple(items)
+    if tag == _BINARY:
+        (size,) = _uint32(data, i)
+        start = i + 4
+        end = start + size
+        if end > len(data):
+            raise _NotHot
+        return end, _Binary(data[start:end], 8)
+    if tag == _SMALL_INTEGER:
+        return i + 1, data[i]
+    if tag == _INTEGER:
+        return i + 4, _int32(data, i)[0]
+    if tag == _SMALL_BIG:
+        size, sign = data[i], data[i + 1]
+        if size > 8 or i + 2 + size > len(data):
+            raise _NotHot
+        value = int.from_bytes(data[i + 2 : i + 2 + size], "little")
+        return i + 2 + size, -value if sign else value
+    if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8):
+        size, start = data[i], i + 1
+    elif tag in (_ATOM, _ATOM_UTF8):
+        size, start = _uint16(data, i)[0], i + 2
+    else:
+        raise _NotHot
+    end = start + size
+    if end > len(data):
+        raise _NotHot
+    key = data[i - 1 : end]  # tag, length and name: one atom, one key
+    found = _atoms.get(key, _MISSING)
+    if found is _MISSING:
+        found = _atom(tag, data[start:end])
+    return end, found
+
+
+def _atom(tag: int, name: bytes) -> Any:
+    """The value erlang-py gives this atom; remembered while there are few
+    (a frame of fresh atom names cannot grow the cache past _ATOM_CACHE)."""
+    if name in _SPECIAL_ATOMS:
+        value = _SPECIAL_ATOMS[name]
+    else:
+        value = _Atom(name.decode("utf-8") if tag in (_ATOM_UTF8, _SMALL_ATOM_UTF8) else name)
+    if len(_atoms) < _ATOM_CACHE:
+        _atoms[bytes([tag]) + (len(name).to_bytes(1 if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8) else 2, "big")) + name] = value
+    return value

@@ -1,0 +1,83 @@
+"""The narrow request decoder (kem_port/request_fast.py) gives exactly what
+erlang-py gives for kem's hot shapes, and never accepts what erlang-py
+would refuse: truncated frames and trailing bytes fall through to it."""
+
+from __future__ import annotations
+
+import erlang
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kem_port import terms
+from kem_port.errors import KemError
+from kem_port.request_fast import decode_hot
+
+atoms = st.sampled_from(["call", "execute_kernel", "execute_kernel_with_params", "ping", "true", "false", "undefined", "ok"])
+integers = st.one_of(st.integers(0, 255), st.integers(-(2**31), 2**31 - 1), st.integers(0, 2**64 - 1), st.integers(-(2**64) + 1, 0))
+binaries = st.binary(max_size=300)
+leaves = st.one_of(atoms.map(terms.atom), integers, binaries.map(terms.Binary))
+hot_terms = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4).map(tuple), max_leaves=12)
+
+
+def request(req_id: int, method: str, args: tuple) -> bytes:
+    return erlang.term_to_binary((terms.atom("call"), req_id, terms.atom(method), args))
+
+
+def same(a, b) -> bool:
+    return erlang.term_to_binary(a) == erlang.term_to_binary(b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(term=hot_terms)
+def test_hot_terms_decode_as_erlang_py_decodes_them(term):
+    frame = erlang.term_to_binary(term)
+    fast = decode_hot(frame)
+    if fast is None:  # allowed: erlang-py decodes it (e.g. nesting past the hot depth)
+        return
+    assert same(fast, erlang.binary_to_term(frame))
+
+
+@settings(max_examples=200, deadline=None)
+@given(req_id=st.integers(0, 2**64 - 1), kernel=st.binary(min_size=1, max_size=40), data=binaries, hint=st.integers(1, 2**31 - 1))
+def test_kernel_requests_take_the_fast_path(req_id, kernel, data, hint):
+    frame = request(req_id, "execute_kernel", (terms.Binary(kernel), terms.Binary(data), hint))
+    fast = decode_hot(frame)
+    assert fast is not None
+    assert same(fast, erlang.binary_to_term(frame))
+    assert fast[1] == req_id and terms.binary_bytes(fast[3][1]) == data
+
+
+def test_node_encoded_atoms_decode_as_erlang_py_does():
+    # OTP 25 sends latin-1 atoms as ATOM_EXT (100), later OTPs as SMALL_ATOM_UTF8_EXT (119).
+    for frame in (
+        b"\x83h\x04d\x00\x04calla\x07d\x00\x04pingh\x00",
+        b"\x83h\x04w\x04calla\x07w\x04pingh\x00",
+        b"\x83h\x04s\x04calla\x07v\x00\x04pingh\x00",
+        b"\x83h\x02w\x04truew\x09undefined",
+    ):
+        assert same(decode_hot(frame), erlang.binary_to_term(frame)), frame
+
+
+def test_truncated_or_padded_frames_are_left_to_erlang_py_which_refuses_them():
+    frame = request(7, "execute_kernel", (terms.Binary(b"double"), terms.Binary(bytes(100)), 1))
+    for cut in range(len(frame)):
+        assert decode_hot(frame[:cut]) is None
+        with pytest.raises(KemError):
+            terms.decode(frame[:cut])
+    for junk in (b"\x00", b"junk", frame):
+        assert decode_hot(frame + junk) is None
+        with pytest.raises(KemError):
+            terms.decode(frame + junk)
+
+
+def test_other_shapes_fall_through_to_erlang_py():
+    opts = {terms.atom("output_size"): 8}
+    frame = request(3, "execute", (terms.Binary(b"k"), terms.Binary(b"abcd"), opts))
+    assert decode_hot(frame) is None
+    assert terms.decode(frame)[3][2] == opts
+    deep = erlang.term_to_binary(((((((1,),),),),),))
+    assert decode_hot(deep) is None and same(terms.decode(deep), erlang.binary_to_term(deep))
+    assert decode_hot(b"\x83P\x00\x00\x00\x10x\x9c") is None  # compressed: refused by terms.decode
+    with pytest.raises(KemError):
+        terms.decode(b"\x83P\x00\x00\x00\x10x\x9c")
