@@ -1,0 +1,94 @@
+"""Many calls, one dispatch: the call table ABI (docs/dispatch.md, "Many
+calls in one dispatch").
+
+A kernel opts in by declaring, beside its input (binding 0) and output
+(binding 1), a read-only storage array at binding 3::
+
+    struct KemCall { input_offset: u32, input_words: u32, output_offset: u32, output_words: u32 }
+    @group(0) @binding(3) var<storage, read> kem_calls: array<KemCall>;
+
+Small calls to such a kernel in one batch then become one dispatch: their
+inputs packed in the bound input range, their outputs packed back to back
+in the bound output range (call k's output starts where call k-1's ends),
+one row per call in ``kem_calls``, ascending ``output_offset``. The
+dispatch has one invocation per output word of all the calls together
+(``arrayLength(&output_words)`` of them, flattened across ``x`` and ``y``
+like any kem dispatch past the per-dimension limit); invocation ``i``
+finds its call by a binary search of ``output_offset`` (the snippet in
+docs/dispatch.md). Offsets and lengths are in 32-bit words from the start
+of the bound ranges. A kernel without binding 3 keeps the plain contract,
+one dispatch per call with its own bindings.
+
+Why one flat dispatch rather than a row of workgroups per call: a 4-byte
+call would keep one invocation of a 64-wide workgroup busy and 63 idle;
+on lavapipe 4,096 such rows took 1.8 s against 87 ms for 4,096 separate
+dispatches (scripts/bench_coalesce.py, first version). The search costs
+log2(calls) reads of a table that stays in cache.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from kem_port.gpu.wgsl_reflect import KernelShape
+
+CALL_TABLE_BINDING = 3
+ROW = struct.Struct("<4I")  # input_offset, input_words, output_offset, output_words
+ROW_BYTES = ROW.size
+MAX_CALL_BYTES = 256 * 1024  # larger calls dispatch alone: a table buys them nothing
+
+
+def opts_in(shape: KernelShape) -> bool:
+    """Whether the kernel declares the call table (read-only storage at binding 3)."""
+    table = shape.binding(0, CALL_TABLE_BINDING)
+    return table is not None and table.address_space == "storage" and table.access in ("", "read")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One call's input within the bound input range (bytes, word-aligned)
+    and its output size; its output offset is the table's to decide."""
+
+    input_offset: int
+    input_bytes: int
+    output_bytes: int
+
+
+@dataclass(frozen=True)
+class Table:
+    """The rows of one coalesced dispatch and where each call's output lands."""
+
+    rows: bytes
+    output_offsets: tuple[int, ...]  # bytes from the start of the bound output range
+    output_bytes: int  # the bound output range: every call's words, back to back
+    items: int  # invocations that do work: one per output word
+
+
+def coalescible(input_bytes: int, output_bytes: int) -> bool:
+    """Small calls with some output coalesce; large ones dispatch alone."""
+    return 0 < output_bytes <= MAX_CALL_BYTES and input_bytes <= MAX_CALL_BYTES
+
+
+def build(slots: list[Slot]) -> Table:
+    """The call table for calls to one kernel, outputs packed in order."""
+    rows = bytearray(ROW_BYTES * len(slots))
+    offsets = []
+    word = 0
+    for k, slot in enumerate(slots):
+        if slot.input_offset % 4:
+            raise ValueError("inputs must start on a word")
+        out_words = -(-slot.output_bytes // 4)
+        ROW.pack_into(rows, k * ROW_BYTES, slot.input_offset // 4, -(-slot.input_bytes // 4), word, out_words)
+        offsets.append(word * 4)
+        word += out_words
+    return Table(bytes(rows), tuple(offsets), word * 4, word)
+
+
+def workgroups(items: int, workgroup_x: int, max_groups: int) -> tuple[int, int, int]:
+    """One invocation per item, spilling into y past the per-dimension limit
+    (the kernel flattens with @builtin(num_workgroups), as docs/dispatch.md says)."""
+    groups = max(-(-items // workgroup_x), 1)
+    if groups <= max_groups:
+        return (groups, 1, 1)
+    return (max_groups, -(-groups // max_groups), 1)

@@ -1,0 +1,130 @@
+"""Many calls, one dispatch (kem_port/gpu/call_table.py): a kernel that
+declares the call table computes every call of a batch in one dispatch,
+each call's output matching numpy; plain kernels do not opt in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import wgpu
+
+from kem_port.gpu import call_table, native
+from kem_port.gpu.wgsl_reflect import reflect
+
+U = wgpu.BufferUsage
+TABLED = """
+struct KemCall { input_offset: u32, input_words: u32, output_offset: u32, output_words: u32 }
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@group(0) @binding(3) var<storage, read> kem_calls: array<KemCall>;
+
+fn kem_call_of(item: u32) -> KemCall {
+    var lo = 0u;
+    var hi = arrayLength(&kem_calls) - 1u;
+    while (lo < hi) {
+        let mid = (lo + hi + 1u) / 2u;
+        if (kem_calls[mid].output_offset <= item) { lo = mid; } else { hi = mid - 1u; }
+    }
+    return kem_calls[lo];
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let item = gid.x + gid.y * groups.x * 64u;
+    if (item >= arrayLength(&output_words)) { return; }
+    let call = kem_call_of(item);
+    let k = item - call.output_offset;
+    // each output word: the call's input word k (zero past its input) times 5, plus the call's input length
+    var x = 0u;
+    if (k < call.input_words) { x = input_words[call.input_offset + k]; }
+    output_words[item] = x * 5u + call.input_words;
+}
+"""
+PLAIN = """
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&output_words)) { output_words[gid.x] = input_words[gid.x]; }
+}
+"""
+
+
+def test_only_a_kernel_declaring_binding_3_opts_in():
+    assert call_table.opts_in(reflect(TABLED))
+    assert not call_table.opts_in(reflect(PLAIN))
+    uniform_3 = PLAIN + "\n@group(0) @binding(3) var<uniform> p: vec4<u32>;"
+    assert not call_table.opts_in(reflect(uniform_3))
+
+
+def test_rows_pack_outputs_back_to_back():
+    table = call_table.build([call_table.Slot(0, 5, 8), call_table.Slot(8, 0, 3), call_table.Slot(256, 12, 4)])
+    rows = [call_table.ROW.unpack_from(table.rows, k * 16) for k in range(3)]
+    assert rows == [(0, 2, 0, 2), (2, 0, 2, 1), (64, 3, 3, 1)]
+    assert table.output_offsets == (0, 8, 12) and table.output_bytes == 16 and table.items == 4
+    assert call_table.workgroups(4, 64, 65535) == (1, 1, 1)
+    assert call_table.workgroups(64 * 70000, 64, 65535) == (65535, 2, 1)
+    with pytest.raises(ValueError):
+        call_table.build([call_table.Slot(2, 4, 4)])
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    device = adapter.request_device_sync()
+    module = device.create_shader_module(code=TABLED)
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    return device, pipe, native.NativePath(device)
+
+
+def run_table(gpu, inputs: list[bytes], out_sizes: list[int], max_groups: int) -> list[bytes]:
+    device, pipe, native = gpu
+    slots, packed = [], bytearray()
+    for data, out in zip(inputs, out_sizes):
+        slots.append(call_table.Slot(len(packed), len(data), out))
+        packed += data + bytes(-len(data) % 4)
+    table = call_table.build(slots)
+    in_buf = device.create_buffer(size=max(len(packed), 4), usage=U.STORAGE | U.COPY_DST)
+    out_buf = device.create_buffer(size=table.output_bytes, usage=U.STORAGE | U.COPY_SRC | U.COPY_DST)
+    rows = device.create_buffer(size=len(table.rows), usage=U.STORAGE | U.COPY_DST)
+    staging = device.create_buffer(size=table.output_bytes, usage=U.MAP_READ | U.COPY_DST)
+    native.write(in_buf, 0, packed)
+    native.write(rows, 0, table.rows)
+    group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+        {"binding": 0, "resource": {"buffer": in_buf, "offset": 0, "size": in_buf.size}},
+        {"binding": 1, "resource": {"buffer": out_buf, "offset": 0, "size": table.output_bytes}},
+        {"binding": 3, "resource": {"buffer": rows, "offset": 0, "size": len(table.rows)}},
+    ])
+    enc = native.encoder()
+    enc.begin_pass()
+    enc.set_pipeline(pipe)
+    enc.set_bind_group(group)
+    enc.dispatch(*call_table.workgroups(table.items, 64, max_groups))
+    enc.end_pass()
+    enc.copy(out_buf, 0, staging, 0, table.output_bytes)
+    index = native.submit(enc.finish())
+    native.wait(native.map_read(staging, 0, table.output_bytes), 0.0, index)
+    view = native.mapped(staging, 0, table.output_bytes)
+    results = [bytes(view[o : o + n]) for o, n in zip(table.output_offsets, out_sizes)]
+    native.unmap(staging)
+    return results
+
+
+def expected(data: bytes, out_size: int) -> bytes:
+    words = -(-len(data) // 4)
+    x = np.frombuffer(data + bytes(-len(data) % 4), dtype=np.uint32)
+    out_words = -(-out_size // 4)
+    full = np.zeros(out_words, dtype=np.uint32)
+    n = min(words, out_words)
+    full[:n] = x[:n]
+    return (full * np.uint32(5) + np.uint32(words)).tobytes()[:out_size]
+
+
+@pytest.mark.parametrize("calls,max_groups", [(1, 65535), (7, 65535), (300, 65535), (300, 3)], ids=["one", "seven", "many", "y-spill"])
+def test_every_call_of_one_dispatch_matches_numpy(gpu, rng, calls, max_groups):
+    sizes = rng.integers(1, 2000, size=calls)
+    inputs = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes() for n in sizes]
+    out_sizes = [int(n) + int(rng.integers(-3, 9)) if n > 3 else int(n) for n in sizes]
+    results = run_table(gpu, inputs, out_sizes, max_groups)
+    for k, (data, out, got) in enumerate(zip(inputs, out_sizes, results)):
+        assert got == expected(data, out), f"call {k} of {calls}"
