@@ -128,3 +128,73 @@ def test_every_call_of_one_dispatch_matches_numpy(gpu, rng, calls, max_groups):
     results = run_table(gpu, inputs, out_sizes, max_groups)
     for k, (data, out, got) in enumerate(zip(inputs, out_sizes, results)):
         assert got == expected(data, out), f"call {k} of {calls}"
+
+
+# -- through the executor: calls to a call-table kernel share dispatches ---------
+
+from kem_port.config import Config  # noqa: E402
+from kem_port.errors import KemError  # noqa: E402
+from kem_port.gpu.calls import Job, KernelCall  # noqa: E402
+from kem_port.gpu.executor import Executor  # noqa: E402
+from kem_port.kernel_store import default_stores, source_from_bytes  # noqa: E402
+from kem_port.stats import Stats  # noqa: E402
+
+import reference  # noqa: E402
+
+TWO_D = TABLED.replace("@workgroup_size(64)", "@workgroup_size(8, 8)")
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = Executor(Config(max_batch=512), Stats())
+    ex.open()
+    return ex
+
+
+def test_a_batch_mixing_table_and_plain_calls_matches_numpy(executor, rng):
+    tabled = source_from_bytes("tabled", TABLED.encode(), "test", "local")
+    double = default_stores(None)[0].lookup("double")
+    got: dict[int, list] = {}
+    jobs, expected, alone = [], {}, 0
+    sizes = [1, 4, 7, 64, 1000, 4096, 300_001]  # the last one dispatches alone
+    for key in range(200):
+        size = int(rng.choice(sizes))
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        got[key] = []
+        reply = lambda v, k=key: got[k].append(bytes(v))  # noqa: E731
+        fail = lambda e, k=key: got[k].append(e)  # noqa: E731
+        if key % 5 == 0:
+            jobs.append(Job(KernelCall("double", data, len(data)), double, reply, fail))
+            expected[key] = reference.double(data, len(data))
+        else:
+            out = max(1, size + int(rng.integers(-3, 9)))
+            jobs.append(Job(KernelCall("tabled", data, out), tabled, reply, fail))
+            expected[key] = expected_tabled(data, out)
+            alone += size > 256 * 1024
+    calls, dispatches = executor.stats.count("table_calls"), executor.stats.count("table_dispatches")
+    executor.run(jobs)
+    assert executor.stats.count("batches") >= 1
+    for key, want in expected.items():
+        assert got[key] == [want], key
+    assert executor.stats.count("table_calls") - calls == 160
+    # One batch of 200 (max_batch 512): the small calls share one dispatch, each large one has its own.
+    assert executor.stats.count("table_dispatches") - dispatches == alone + 1
+
+
+def expected_tabled(data: bytes, out_size: int) -> bytes:
+    return expected(data, out_size)
+
+
+def test_table_kernels_refuse_workgroups_params_and_2d_workgroups(executor):
+    tabled = source_from_bytes("tabled", TABLED.encode(), "test", "local")
+    two_d = source_from_bytes("two_d", TWO_D.encode(), "test", "local")
+    outcomes = []
+    calls = [
+        (KernelCall("tabled", b"abcd", 4, workgroups=(1, 1, 1)), tabled),
+        (KernelCall("tabled", b"abcd", 4, params=bytes(16)), tabled),
+        (KernelCall("two_d", b"abcd", 4), two_d),
+    ]
+    jobs = [Job(c, s, reply=outcomes.append, fail=outcomes.append) for c, s in calls]
+    executor.run(jobs)
+    assert [getattr(o, "reason", o) for o in outcomes] == ["bad_args", "bad_args", "bad_kernel"]
+    assert all(isinstance(o, KemError) for o in outcomes)

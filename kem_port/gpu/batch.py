@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import wgpu
 
 from kem_port.gpu.buffer_pool import BufferPool
+from kem_port.gpu import call_table
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
 from kem_port.gpu.hot_path import HotPath
@@ -86,7 +87,10 @@ class Stages:
         started = time.perf_counter()
         for item in items:
             self.stats.add_time("queue_wait", started - item.job.enqueued)
-        plan = BatchPlan(items, self.device.storage_align, self.device.uniform_align)
+        plan = BatchPlan(
+            items, self.device.storage_align, self.device.uniform_align,
+            self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
+        )
         assert self.device.hot is not None
         flight = Flight(items, device, pool, self.device.hot)
         try:
@@ -103,12 +107,13 @@ class Stages:
         in_buf = flight.take("input", plan.in_total)
         out_buf = flight.take("output", plan.out_total)
         u_buf = flight.take("uniform", plan.u_total) if plan.u_total else None
+        t_buf = flight.take("table", plan.t_total) if plan.t_total else None
         timing = self.device.timer.for_batch(plan.out_total)
         if timing is not None:
             timing.resolved = flight.take("query", timing.size)
         flight.staging = flight.take("staging", plan.out_total + (align(timing.size, STAGING_ALIGN) if timing else 0))
         flight.timing = timing
-        plan.upload(flight.hot, in_buf, u_buf)
+        plan.upload(flight.hot, in_buf, u_buf, t_buf)
         encoder = flight.hot.encoder()
         try:
             # Pooled buffers hold earlier callers' bytes: clear what this
@@ -116,7 +121,7 @@ class Stages:
             encoder.clear_buffer(out_buf, 0, plan.out_total)
             encoder.begin_pass(timing.query_set if timing else None)
             current = None
-            for item in flight.items:
+            for item in plan.plain:
                 if item.pipeline is not current:
                     encoder.set_pipeline(item.pipeline.pipeline)
                     current = item.pipeline
@@ -126,6 +131,8 @@ class Stages:
                 )
                 encoder.set_bind_group(group)
                 encoder.dispatch(*item.groups)
+            for table in plan.groups:
+                self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf)
             encoder.end_pass()
             encoder.copy(out_buf, 0, flight.staging, 0, plan.out_total)
             if timing is not None:
@@ -133,6 +140,22 @@ class Stages:
             flight.commands = encoder.finish()
         finally:
             encoder.abandon()
+
+    def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf) -> None:
+        """One dispatch for a group of calls to a call-table kernel."""
+        encoder.set_pipeline(table.pipeline.pipeline)
+        group = self.pipelines.bind_group(
+            device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),
+            None, (t_buf, table.table_offset, len(table.rows)),
+        )
+        encoder.set_bind_group(group)
+        if len(table.items) == 1:
+            encoder.dispatch(*table.items[0].groups)  # planned (and checked) like any call's
+        else:
+            width = table.pipeline.entry.workgroup_size[0]
+            encoder.dispatch(*call_table.workgroups(table.words, width, self.device.dispatch_limits.max_per_dimension))
+        self.stats.inc("table_dispatches")
+        self.stats.inc("table_calls", len(table.items))
 
     def submit(self, flight: Flight) -> None:
         started = time.perf_counter()

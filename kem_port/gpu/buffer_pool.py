@@ -23,6 +23,7 @@ USAGES = {
     "input": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
     "output": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST,
     "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
+    "table": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
     "staging": wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
     "query": wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC,
 }

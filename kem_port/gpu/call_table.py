@@ -31,9 +31,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from kem_port.gpu import contract
 from kem_port.gpu.wgsl_reflect import KernelShape
 
-CALL_TABLE_BINDING = 3
+CALL_TABLE_BINDING = contract.TABLE
 ROW = struct.Struct("<4I")  # input_offset, input_words, output_offset, output_words
 ROW_BYTES = ROW.size
 MAX_CALL_BYTES = 256 * 1024  # larger calls dispatch alone: a table buys them nothing
@@ -41,8 +42,7 @@ MAX_CALL_BYTES = 256 * 1024  # larger calls dispatch alone: a table buys them no
 
 def opts_in(shape: KernelShape) -> bool:
     """Whether the kernel declares the call table (read-only storage at binding 3)."""
-    table = shape.binding(0, CALL_TABLE_BINDING)
-    return table is not None and table.address_space == "storage" and table.access in ("", "read")
+    return contract.uses_call_table(shape)
 
 
 @dataclass(frozen=True)

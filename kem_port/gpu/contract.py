@@ -3,8 +3,10 @@
 A kernel reads its input at ``@group(0) @binding(0)`` (``var<storage, read>``
 or ``read_write``), writes its output at ``@binding(1)``
 (``var<storage, read_write>``) and, when called with params, reads them at
-``@binding(2)`` (``var<uniform>``). Nothing else is bound. The binding
-numbers appear in this file only.
+``@binding(2)`` (``var<uniform>``). A kernel that declares the call table
+at ``@binding(3)`` (``var<storage, read>``) opts in to many calls per
+dispatch (gpu/call_table.py, docs/dispatch.md). Nothing else is bound. The
+binding numbers appear in this file only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape
 
 GROUP = 0
-INPUT, OUTPUT, PARAMS = 0, 1, 2
+INPUT, OUTPUT, PARAMS, TABLE = 0, 1, 2, 3
 UNIFORM_ALIGN = 16  # WGSL's uniform size rounding
 MIN_UNIFORM_BYTES = 256
 
@@ -54,8 +56,24 @@ def check_sizes(call: KernelCall, binding_limit: int, uniform_limit: int) -> Non
         raise too_large(f"params of {len(call.params)} bytes exceed the uniform limit {uniform_limit}")
 
 
+def uses_call_table(shape: KernelShape) -> bool:
+    """Whether the kernel declares the call table (read-only storage at binding 3)."""
+    table = shape.binding(GROUP, TABLE)
+    return table is not None and table.address_space == "storage" and table.access in ("", "read")
+
+
+def check_table_call(entry: EntryPoint | None, call: KernelCall) -> None:
+    """A call-table kernel is dispatched by kem over its calls' output words."""
+    if call.params is not None or call.workgroups is not None:
+        raise bad_args("a kernel with a call table (@binding(3)) takes neither params nor workgroups")
+    size = entry.workgroup_size if entry is not None else None
+    if size is None or size[1:] != (1, 1):
+        raise KemError("bad_kernel", "a kernel with a call table needs @workgroup_size(X) with an integer X (one row)")
+
+
 def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
-    """The kernel must fit kem's contract: group 0, bindings 0-1 (and 2 with params)."""
+    """The kernel must fit kem's contract: group 0, bindings 0-1 (and 2 with
+    params, or 3 for the call table)."""
     entry = shape.entry_points.get(call.entry_point)
     if shape.entry_points and entry is None:
         raise KemError("bad_kernel", f"no entry point {call.entry_point!r} (found {', '.join(shape.entry_points)})")
@@ -63,10 +81,14 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
         raise KemError("bad_kernel", f"entry point {call.entry_point!r} is a {entry.stage} shader, not @compute")
     if not shape.bindings:
         return entry
-    extra = [b for b in shape.bindings if b.group != GROUP or b.binding not in (INPUT, OUTPUT, PARAMS)]
+    tabled = uses_call_table(shape)
+    allowed = (INPUT, OUTPUT, PARAMS, TABLE) if tabled else (INPUT, OUTPUT, PARAMS)
+    extra = [b for b in shape.bindings if b.group != GROUP or b.binding not in allowed]
     if extra:
         b = extra[0]
-        raise KemError("bad_kernel", f"{b.name} at @group({b.group}) @binding({b.binding}): kem binds only group 0, bindings 0-2")
+        raise KemError("bad_kernel", f"{b.name} at @group({b.group}) @binding({b.binding}): kem binds only group 0, bindings 0-2 (3: the call table, var<storage, read>)")
+    if tabled:
+        check_table_call(entry, call)
     output = shape.binding(GROUP, OUTPUT)
     if output is None or output.address_space != "storage" or output.access != "read_write":
         raise KemError("bad_kernel", "binding 1 must be the output: var<storage, read_write>")
@@ -94,6 +116,8 @@ def layout_entries(shape: KernelShape, has_params: bool) -> list[dict]:
     ]
     if has_params:
         entries.append({"binding": PARAMS, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "uniform"}})
+    if uses_call_table(shape):
+        entries.append({"binding": TABLE, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "read-only-storage"}})
     return entries
 
 
@@ -101,9 +125,11 @@ def group_entries(
     inputs: tuple[wgpu.GPUBuffer, int, int],
     outputs: tuple[wgpu.GPUBuffer, int, int],
     params: tuple[wgpu.GPUBuffer, int, int] | None,
+    table: tuple[wgpu.GPUBuffer, int, int] | None = None,
 ) -> list[dict]:
     """A call's bind group: each (buffer, offset, size) at its binding."""
     bound = [(INPUT, inputs), (OUTPUT, outputs)] + ([(PARAMS, params)] if params is not None else [])
+    bound += [(TABLE, table)] if table is not None else []
     return [
         {"binding": binding, "resource": {"buffer": buf, "offset": offset, "size": size}}
         for binding, (buf, offset, size) in bound

@@ -36,6 +36,7 @@ class Pipeline:
     layout: wgpu.GPUBindGroupLayout
     entry: EntryPoint | None
     serial: int  # never reused, unlike id(): keys the bind group cache
+    tabled: bool = False  # declares the call table: its calls share dispatches
 
 
 def gpu_message(exc: BaseException) -> str:
@@ -90,20 +91,22 @@ class Pipelines:
         self.stats.add_time("compile", elapsed)
         log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
         self._serial += 1
-        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial)
+        tabled = contract.uses_call_table(shape)
+        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled)
         while len(self._cache) > PIPELINE_CACHE_SIZE:
             self._cache.popitem(last=False)
         return result
 
-    def bind_group(self, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None):
-        """A bind group for (buffer, offset, size) of input, output and params."""
+    def bind_group(self, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
+        """A bind group for (buffer, offset, size) of input, output, params and call table."""
         key = (pipeline.serial,) + _bound_key(inputs) + _bound_key(outputs) + (_bound_key(params) if params else (0, 0, 0))
+        key += _bound_key(table) if table else (0, 0, 0)
         group = self._bind_groups.get(key)
         if group is not None:
             self._bind_groups.move_to_end(key)
             self.stats.inc("bind_group_hits")
             return group
-        group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params))
+        group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params, table))
         self._bind_groups[key] = group
         while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
             self._bind_groups.popitem(last=False)

@@ -1,13 +1,15 @@
 """Laying out a batch: each call checked and given its pipeline and
 workgroups (:func:`prepare`), then placed in the batch's shared buffers
-(:class:`BatchPlan`) and uploaded.
+(:class:`BatchPlan`) and uploaded. Calls to a kernel that declares the call
+table are grouped (:class:`TableGroup`): one dispatch per group, outputs
+back to back (gpu/call_table.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kem_port.gpu import contract
+from kem_port.gpu import call_table, contract
 from kem_port.gpu.calls import Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -34,6 +36,8 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     call = job.call
     contract.check_sizes(call, device.binding_limit, device.uniform_limit)
     pipeline = pipelines.get(device.require(), job.source, call)
+    if pipeline.tabled:  # checked per call: the pipeline cache does not key on workgroups
+        contract.check_table_call(pipeline.entry, call)
     groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, device.dispatch_limits)
     return Prepared(
         job, pipeline, groups,
@@ -41,11 +45,74 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     )
 
 
+@dataclass
+class TableGroup:
+    """Calls to one call-table kernel that share one dispatch: the input
+    range bound for them, their outputs back to back, their table rows."""
+
+    pipeline: Pipeline
+    items: list[Prepared] = field(default_factory=list)
+    in_offset: int = 0
+    in_bytes: int = 0
+    out_offset: int = 0
+    out_bytes: int = 0
+    table_offset: int = 0
+    rows: bytes = b""
+    words: int = 0  # invocations that do work: one per output word
+
+    def fits(self, item: Prepared, binding_limit: int, max_words: int) -> bool:
+        """Whether `item` (a small one, after the others in the input) can join."""
+        if not self.items:
+            return True
+        span = item.in_offset + item.in_size - self.items[0].in_offset
+        out = sum(i.out_size for i in self.items) + item.out_size
+        shares = _small(item) and _small(self.items[0])  # a large call dispatches alone
+        return shares and span <= binding_limit and out <= binding_limit and (out // 4) <= max_words
+
+    def lay_out(self, out_start: int, table_start: int) -> None:
+        """Outputs from out_start, rows from table_start; the input range
+        bound is the span of the group's inputs."""
+        self.in_offset = self.items[0].in_offset
+        last = self.items[-1]
+        self.in_bytes = last.in_offset + last.in_size - self.in_offset
+        slots = [call_table.Slot(i.in_offset - self.in_offset, len(i.job.call.input), i.out_size) for i in self.items]
+        table = call_table.build(slots)
+        for item, offset in zip(self.items, table.output_offsets):
+            item.out_offset = out_start + offset
+        self.out_offset, self.out_bytes, self.words = out_start, table.output_bytes, table.items
+        self.table_offset, self.rows = table_start, table.rows
+
+
+def _small(item: Prepared) -> bool:
+    return len(item.job.call.input) <= PACK_LIMIT and item.out_size <= call_table.MAX_CALL_BYTES
+
+
+def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int) -> list[TableGroup]:
+    """Group call-table items by pipeline, in input order, each group within
+    the binding limit and one row of workgroups (no y spill for a shared
+    dispatch; a call alone may spill, as plan_dispatch allowed it)."""
+    groups: list[TableGroup] = []
+    open_groups: dict[int, TableGroup] = {}
+    for item in sorted(items, key=lambda i: i.in_offset):
+        pipeline = item.pipeline
+        size = pipeline.entry.workgroup_size if pipeline.entry is not None else None
+        max_words = max_groups * (size[0] if size else 1)
+        group = open_groups.get(pipeline.serial)
+        if group is None or not group.fits(item, binding_limit, max_words):
+            group = open_groups[pipeline.serial] = TableGroup(pipeline)
+            groups.append(group)
+        group.items.append(item)
+    return groups
+
+
 class BatchPlan:
     """Where each call's input, output and params sit in the batch's shared
     buffers (offsets aligned for binding), and the upload of them."""
 
-    def __init__(self, items: list[Prepared], storage_align: int, uniform_align: int) -> None:
+    def __init__(
+        self, items: list[Prepared], storage_align: int, uniform_align: int,
+        binding_limit: int = 1 << 62, max_groups: int = 65535,
+    ) -> None:
         self.items = items
         # Small inputs first, so the packed upload covers them and nothing else.
         self.small = [i for i in items if len(i.job.call.input) <= PACK_LIMIT]
@@ -54,13 +121,20 @@ class BatchPlan:
         for item in self.small + self.large:
             item.in_offset, in_total = in_total, in_total + contract.align(item.in_size, storage_align)
         self.small_end = self.small[-1].in_offset + self.small[-1].in_size if self.small else 0
-        for item in items:
+        self.plain = [i for i in items if not i.pipeline.tabled]
+        for item in self.plain:
             item.out_offset, out_total = out_total, out_total + contract.align(item.out_size, storage_align)
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
-        self.in_total, self.out_total, self.u_total = in_total, out_total, u_total
+        self.groups = _table_groups([i for i in items if i.pipeline.tabled], binding_limit, max_groups)
+        t_total = 0
+        for group in self.groups:
+            group.lay_out(out_total, t_total)
+            out_total += contract.align(group.out_bytes, storage_align)
+            t_total += contract.align(len(group.rows), storage_align)
+        self.in_total, self.out_total, self.u_total, self.t_total = in_total, out_total, u_total, t_total
 
-    def upload(self, hot, in_buf, u_buf) -> None:
+    def upload(self, hot, in_buf, u_buf, t_buf=None) -> None:
         """Small inputs and all params go up as one write each, zero-padded;
         large inputs are written from the caller's bytes without a copy."""
         if self.small:
@@ -76,6 +150,11 @@ class BatchPlan:
                 if item.job.call.params is not None:
                     params[item.u_offset : item.u_offset + len(item.job.call.params)] = item.job.call.params
             hot.write(u_buf, 0, params)
+        if self.t_total:
+            rows = bytearray(self.t_total)
+            for group in self.groups:
+                rows[group.table_offset : group.table_offset + len(group.rows)] = group.rows
+            hot.write(t_buf, 0, rows)
 
 
 def _write_padded(hot, buf, data: bytes, offset: int, padded: int) -> None:
