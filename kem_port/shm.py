@@ -14,7 +14,15 @@ from typing import Any
 
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.framing import read_into, write_all
+from kem_port.gpu.calls import FileInput
+from kem_port.gpu.plan import PACK_LIMIT
 from kem_port.terms import binary_bytes
+
+# From this size an input stays in its file until its batch is encoded, and
+# is then read straight into a mapped upload buffer (gpu/plan.py): on the
+# H100 a 64 MB call's read-in and upload took 54 -> 12 ms that way
+# (scripts/bench_bulk.py). Smaller ones are read now, to be packed.
+READ_LATE = 4 * PACK_LIMIT
 
 
 class SharedMemory:
@@ -32,8 +40,9 @@ class SharedMemory:
             raise bad_args("shared-memory path is outside KEM_SHM_DIR")
         return path
 
-    def read_input(self, value: Any) -> memoryview:
-        """The bytes of the input file `value` names, size-checked before reading."""
+    def read_input(self, value: Any) -> memoryview | FileInput:
+        """The input file `value` names, size-checked before reading: its
+        bytes, or from READ_LATE up the file itself, read at encoding."""
         path = self.path(value)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -43,6 +52,8 @@ class SharedMemory:
             size = os.fstat(fd).st_size
             if size > self.max_input_bytes:
                 raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={self.max_input_bytes}")
+            if size >= READ_LATE:
+                return FileInput(path, size)
             # Read, not mmap: a mapped file truncated under us would kill the
             # port with SIGBUS; a read that comes up short is a clear error.
             view = memoryview(bytearray(size))

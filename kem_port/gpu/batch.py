@@ -113,9 +113,11 @@ class Stages:
             timing.resolved = flight.take("query", timing.size)
         flight.staging = flight.take("staging", plan.out_total + (align(timing.size, STAGING_ALIGN) if timing else 0))
         flight.timing = timing
-        plan.upload(flight.hot, in_buf, u_buf, t_buf)
+        copies = plan.upload(flight.hot, in_buf, u_buf, t_buf, flight.take)
         encoder = flight.hot.encoder()
         try:
+            for upload, offset, size in copies:
+                encoder.copy(upload, 0, in_buf, offset, size)
             # Pooled buffers hold earlier callers' bytes: clear what this
             # batch binds, so a kernel that skips elements returns zeros.
             encoder.clear_buffer(out_buf, 0, plan.out_total)

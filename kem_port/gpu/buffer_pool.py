@@ -24,6 +24,7 @@ USAGES = {
     "output": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST,
     "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
     "table": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
+    "upload": wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,
     "staging": wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
     "query": wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC,
 }

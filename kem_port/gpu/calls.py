@@ -7,18 +7,50 @@ layer knows nothing of frames or terms.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kem_port.errors import KemError
+from kem_port.errors import KemError, bad_args
 from kem_port.kernel_store import KernelSource
+
+
+@dataclass(frozen=True)
+class FileInput:
+    """An input still in the node's shared-memory file, read when its batch
+    is encoded: straight into a write-mapped upload buffer where the hot
+    path has one (one host copy instead of two; docs/executor.md, "Large
+    payloads"). Read, never mmap'ed: a file that shrinks under us gives a
+    short read and a clear error, not SIGBUS."""
+
+    path: str
+    size: int  # checked against the limits when the request was parsed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill view[:size] from the file; bad_args if it is shorter now."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
+        try:
+            got = 0
+            while got < self.size:
+                n = os.readv(fd, [view[got : self.size]])
+                if n == 0:
+                    raise bad_args("shared-memory input shrank while being read")
+                got += n
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
 class KernelCall:
     kernel_id: str
-    input: bytes | memoryview
+    input: bytes | memoryview | FileInput
     output_size: int
     params: bytes | None = None
     workgroups: tuple[int, int, int] | None = None

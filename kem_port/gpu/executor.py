@@ -204,8 +204,8 @@ class Executor:
                 log.error("rebuild failed: %s", rebuild_exc)
                 self.gpu.close()
             return
-        for job in jobs:
-            job.refuse(KemError("gpu_error", gpu_message(exc)))
+        for job in jobs:  # a KemError (an input file that shrank) is the caller's own
+            job.refuse(exc if isinstance(exc, KemError) else KemError("gpu_error", gpu_message(exc)))
 
     def _fail_flight(self, flight: Flight, error: KemError) -> None:
         flight.release()

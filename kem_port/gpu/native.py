@@ -187,11 +187,15 @@ class NativePath:
         self.errors.call(self.lib.wgpuBufferMapAsync, handle(buffer), mode, offset, size, info[0])
         return mapping
 
-    def wait_idle_map(self, mapping: NativeMap) -> None:
+    def wait_idle_map(self, mapping: NativeMap, spin_s: float = 0.002) -> None:
         """Wait for the map of a buffer the GPU is not using: non-blocking
-        polls only, so work of other batches still in flight is not waited for."""
-        while mapping.pending:
+        polls (work of other batches still in flight is not waited for),
+        then, if the map has still not come, a blocking one."""
+        deadline = time.perf_counter() + spin_s
+        while mapping.pending and time.perf_counter() < deadline:
             self.poll(False)
+        while mapping.pending:
+            self.poll(True)
         mapping.handle = None
         if mapping.status != self._success:
             raise wgpu.GPUError(f"map failed (status {mapping.status}): {mapping.message or 'no detail'}")

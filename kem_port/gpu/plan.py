@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kem_port.gpu import call_table, contract
-from kem_port.gpu.calls import Job
+from kem_port.gpu.calls import FileInput, Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
@@ -134,16 +134,26 @@ class BatchPlan:
             t_total += contract.align(len(group.rows), storage_align)
         self.in_total, self.out_total, self.u_total, self.t_total = in_total, out_total, u_total, t_total
 
-    def upload(self, hot, in_buf, u_buf, t_buf=None) -> None:
+    def upload(self, hot, in_buf, u_buf, t_buf=None, take=None) -> list[tuple]:
         """Small inputs and all params go up as one write each, zero-padded;
-        large inputs are written from the caller's bytes without a copy."""
+        large inputs are written from the caller's bytes without a copy, and
+        inputs still in their file are read into upload buffers (`take`
+        lends them). Returns the (upload buffer, input offset, size) copies
+        the encoder must make before the pass."""
+        copies = []
         if self.small:
             packed = bytearray(self.small_end)
             for item in self.small:
                 packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
             hot.write(in_buf, 0, packed)
         for item in self.large:
-            _write_padded(hot, in_buf, item.job.call.input, item.in_offset, item.in_size)
+            data = item.job.call.input
+            if isinstance(data, FileInput):
+                copy = _upload_file(hot, in_buf, data, item, take)
+                if copy is not None:
+                    copies.append(copy)
+            else:
+                _write_padded(hot, in_buf, data, item.in_offset, item.in_size)
         if self.u_total:
             params = bytearray(self.u_total)
             for item in self.items:
@@ -155,6 +165,28 @@ class BatchPlan:
             for group in self.groups:
                 rows[group.table_offset : group.table_offset + len(group.rows)] = group.rows
             hot.write(t_buf, 0, rows)
+        return copies
+
+
+def _upload_file(hot, in_buf, data: FileInput, item: Prepared, take) -> tuple | None:
+    """One host copy: the file read straight into a write-mapped upload
+    buffer, zero-padded (the GPU copies it into the input buffer). Without
+    map_write (wgpu-py's objects) two: read into memory, then write_buffer."""
+    size = item.in_size
+    if take is None or not hasattr(hot, "map_write"):
+        view = memoryview(bytearray(size))
+        data.read_into(view)
+        hot.write(in_buf, item.in_offset, view)
+        return None
+    upload = take("upload", size)
+    hot.wait_idle_map(hot.map_write(upload, 0, size))
+    try:
+        view = hot.writable(upload, 0, size)
+        data.read_into(view)
+        view[data.size : size] = bytes(size - data.size)
+    finally:
+        hot.unmap(upload)
+    return (upload, item.in_offset, size)
 
 
 def _write_padded(hot, buf, data: bytes, offset: int, padded: int) -> None:
