@@ -44,7 +44,8 @@ def pct(sorted_values: list[float], p: float) -> float:
     return sorted_values[max(0, min(len(sorted_values) - 1, round(len(sorted_values) * p / 100) - 1))]
 
 
-def rate(port: PortClient | list[PortClient], in_flight: int, seconds: float) -> float:
+def rate(port: PortClient | list[PortClient], in_flight: int, seconds: float,
+         kernel: bytes = b"double", payload: bytes = SMALL) -> float:
     """Keep `in_flight` calls outstanding (one per simulated caller). With a
     list of ports, calls go round robin over them, as kem_sup spreads an
     Erlang node's callers over its `ports`."""
@@ -52,7 +53,7 @@ def rate(port: PortClient | list[PortClient], in_flight: int, seconds: float) ->
     turn = iter(range(1 << 62))
 
     def send():
-        return ports[next(turn) % len(ports)].call_async("execute_kernel", b"double", SMALL, 1)
+        return ports[next(turn) % len(ports)].call_async("execute_kernel", kernel, payload, 1)
 
     deadline = time.perf_counter() + seconds
     done = 0
@@ -124,6 +125,26 @@ def seed_design(calls: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def coalesced(port: PortClient, seconds: float) -> dict:
+    """64 callers of the call-table kernel (double_table, one dispatch for a
+    batch's calls) against the same calls to double (a dispatch each), for
+    4 B and 1 KiB inputs: calls/s, items/s (output words) and calls per dispatch."""
+    out = {}
+    for label, payload in (("4 B", SMALL), ("1 KiB", bytes(range(256)) * 4)):
+        assert port.call("execute_kernel", b"double_table", payload, 1) == port.call("execute_kernel", b"double", payload, 1)
+        plain = rate(port, 64, seconds, b"double", payload)
+        before = port.call("stats")
+        tabled = rate(port, 64, seconds, b"double_table", payload)
+        after = port.call("stats")
+        calls = stat(after, "table_calls") - stat(before, "table_calls")
+        dispatches = stat(after, "table_dispatches") - stat(before, "table_dispatches")
+        out[label] = {
+            "double_calls_per_s": plain, "table_calls_per_s": tabled,
+            "table_items_per_s": tabled * len(payload) / 4, "calls_per_dispatch": calls / max(dispatches, 1),
+        }
+    return out
+
+
 def stat(stats: dict, name: str) -> int:
     return stats.get(terms.atom(name), 0)
 
@@ -145,6 +166,7 @@ def main(argv: list[str]) -> int:
         gpu_us = (stat(after, "gpu_kernel_us") - stat(before, "gpu_kernel_us")) / samples if samples else None
         rates = {c: rate(port, c, p["seconds"]) for c in (1, 8, 64)}
         echo_rates = {c: rate(echo, c, p["seconds"]) for c in (1, 8, 64)}
+        table = coalesced(port, p["seconds"])
         sizes = [mb for mb in p["bulk_mb"] if mb << 20 <= limit]
         bulk_rates = {mb: bulk(port, mb, p["bulk_reps"], shm=mb >= 1) for mb in sizes}
         bulk_pipe = {mb: bulk(port, mb, p["bulk_reps"]) for mb in sizes}
@@ -160,6 +182,7 @@ def main(argv: list[str]) -> int:
         "small_gpu_kernel_us": gpu_us, "small_wall_p50_us_during_gpu_probe": pct(gpu_probe, 50),
         "calls_per_s": {str(k): v for k, v in rates.items()},
         "echo_calls_per_s": {str(k): v for k, v in echo_rates.items()},
+        "coalesced": table,
         "calls_per_s_64_by_ports": {str(k): v for k, v in by_ports.items()},
         "seed_design_calls_per_s": seed["calls_per_s"], "seed_design_median_ms": seed["median_ms"],
         "bulk_gbps": {str(k): v for k, v in bulk_rates.items()},
@@ -182,6 +205,10 @@ def main(argv: list[str]) -> int:
         print(f"  GPU time of the small kernel (timestamp queries): {gpu_us:.1f} us of {pct(gpu_probe, 50):.0f} us wall")
     for c in (1, 8, 64):
         print(f"  {c:2d} in flight: {rates[c]:9.0f} calls/s   | echo {echo_rates[c]:9.0f} calls/s")
+    for label, row in table.items():
+        print(f"  64 in flight, {label}: {row['double_calls_per_s']:9.0f} calls/s with double, "
+              f"{row['table_calls_per_s']:9.0f} with double_table ({row['table_items_per_s']:.3g} items/s, "
+              f"{row['calls_per_dispatch']:.1f} calls a dispatch)")
     for n, r in by_ports.items():
         print(f"  64 in flight over {n} port{'s' if n > 1 else ''}: {r:9.0f} calls/s")
     print(f"  original per-call design: {seed['calls_per_s']:.1f} calls/s (median {seed['median_ms']:.1f} ms)")

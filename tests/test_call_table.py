@@ -140,6 +140,7 @@ from kem_port.kernel_store import default_stores, source_from_bytes  # noqa: E40
 from kem_port.stats import Stats  # noqa: E402
 
 import reference  # noqa: E402
+from kem_port import terms  # noqa: E402
 
 TWO_D = TABLED.replace("@workgroup_size(64)", "@workgroup_size(8, 8)")
 
@@ -198,3 +199,19 @@ def test_table_kernels_refuse_workgroups_params_and_2d_workgroups(executor):
     executor.run(jobs)
     assert [getattr(o, "reason", o) for o in outcomes] == ["bad_args", "bad_args", "bad_kernel"]
     assert all(isinstance(o, KemError) for o in outcomes)
+
+
+def test_the_packaged_double_table_kernel_through_the_port(port, rng):
+    """Concurrent callers of double_table share dispatches and each gets
+    exactly reference.double of its own input."""
+    before = port.call("stats")
+    sizes = [int(rng.choice([1, 4, 13, 256, 4096, 70_000])) for _ in range(300)]
+    inputs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    futures = [port.call_async("execute_kernel", b"double_table", data, 2) for data in inputs]
+    for data, fut in zip(inputs, futures):
+        assert fut.result(timeout=60) == reference.double(data, 2 * len(data))
+    after = port.call("stats")
+    count = lambda stats, name: stats.get(terms.atom(name), 0)  # noqa: E731
+    calls = count(after, "table_calls") - count(before, "table_calls")
+    dispatches = count(after, "table_dispatches") - count(before, "table_dispatches")
+    assert calls == 300 and 1 <= dispatches < calls
