@@ -130,3 +130,23 @@ def test_mapping_a_buffer_that_cannot_be_mapped_is_refused(device, native):
     not_mappable = device.create_buffer(size=256, usage=U.COPY_DST)
     with pytest.raises(wgpu.GPUError):
         native.wait(native.map_read(not_mappable, 0, 256), 0.0)
+
+
+def test_a_map_nobody_waits_for_any_more_is_safe_to_complete(device):
+    """wgpu-native calls back for a map even when its waiter is gone (a
+    failed batch, a refused map): the callback must find its object alive."""
+    import gc
+
+    path = hot_path.choose(device, "native")
+    staging = device.create_buffer(size=256, usage=U.MAP_READ | U.COPY_DST)
+    not_mappable = device.create_buffer(size=256, usage=U.COPY_DST)
+    path.map_read(staging, 0, 256)  # dropped at once
+    with pytest.raises(wgpu.GPUError):
+        path.map_read(not_mappable, 0, 256)
+    gc.collect()
+    for _ in range(100):
+        path.poll(True)
+        if not path._pending:
+            break
+    assert not path._pending
+    path.unmap(staging)

@@ -143,6 +143,7 @@ class NativePath:
         self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         self._map_info.callback = self._on_map
         self._success = lib.WGPUMapAsyncStatus_Success
+        self._pending: set[NativeMap] = set()
 
     # -- the stages -----------------------------------------------------------
 
@@ -180,8 +181,13 @@ class NativePath:
         return self._map(buffer, self.lib.WGPUMapMode_Write, offset, size)
 
     def _map(self, buffer: wgpu.GPUBuffer, mode: int, offset: int, size: int) -> NativeMap:
+        """The map's object stays in `_pending` until its callback has run:
+        wgpu-native calls back with its handle even for a map nobody waits
+        for any more (a failed batch, a lost device), and a handle whose
+        object was collected would crash the port."""
         mapping = NativeMap()
         mapping.handle = self.ffi.new_handle(mapping)
+        self._pending.add(mapping)
         info = self._map_info
         info.userdata1 = mapping.handle
         self.errors.call(self.lib.wgpuBufferMapAsync, handle(buffer), mode, offset, size, info[0])
@@ -196,7 +202,6 @@ class NativePath:
             self.poll(False)
         while mapping.pending:
             self.poll(True)
-        mapping.handle = None
         if mapping.status != self._success:
             raise wgpu.GPUError(f"map failed (status {mapping.status}): {mapping.message or 'no detail'}")
 
@@ -205,6 +210,8 @@ class NativePath:
         if status != self._success and message.data != self.ffi.NULL:
             mapping.message = self.ffi.string(message.data, message.length).decode("utf-8", "replace")
         mapping.status = status
+        mapping.handle = None
+        self._pending.discard(mapping)
 
     def poll(self, block: bool, index: int | None = None) -> None:
         """One device poll; runs map callbacks. Blocking with `index` waits
@@ -226,7 +233,6 @@ class NativePath:
         while mapping.pending:
             self.poll(True, index)
             index = None  # the submission is done; a further wait is for the map alone
-        mapping.handle = None
         if mapping.status != self._success:
             raise wgpu.GPUError(f"map failed (status {mapping.status}): {mapping.message or 'no detail'}")
 
