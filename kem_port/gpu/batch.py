@@ -91,7 +91,6 @@ class Stages:
             items, self.device.storage_align, self.device.uniform_align,
             self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
         )
-        assert self.device.hot is not None
         flight = Flight(items, device, pool, self.device.hot)
         try:
             self._record(flight, plan)

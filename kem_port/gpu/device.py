@@ -75,7 +75,7 @@ class Device:
         self.storage_align = STAGING_ALIGN
         self.uniform_align = STAGING_ALIGN
         self.spin_s = 0.0
-        self.hot: hot_path.HotPath | None = None  # the batch's native calls (gpu/hot_path.py)
+        self._hot: hot_path.HotPath | None = None  # the batch's native calls, built on first use
         self.info: dict = {}
 
     def open(self) -> None:
@@ -92,11 +92,10 @@ class Device:
         self.uniform_limit = int(limits["max-uniform-buffer-binding-size"])
         self.dispatch_limits = DispatchLimits(int(limits["max-compute-workgroups-per-dimension"]))
         self.pool = BufferPool(self.device, self.config.pool_bytes, max_buffer)
-        self.hot = hot_path.choose(self.device, self.config.hot_path)
         self.storage_align = max(STAGING_ALIGN, int(limits["min-storage-buffer-offset-alignment"]))
         self.uniform_align = max(STAGING_ALIGN, int(limits["min-uniform-buffer-offset-alignment"]))
         self.info = self._describe_adapter()
-        self.info["hot_path"] = hot_path.name(self.hot)
+        self.info["hot_path"] = hot_path.planned(self.config.hot_path)
         self.stats.add_time("device_open", time.perf_counter() - started)
         log.info("using %s (%s)", self.info["name"], self.info["backend"])
 
@@ -124,8 +123,18 @@ class Device:
         """Forget the device (calls then open a new one)."""
         self.device = None
         self.pool = None
-        self.hot = None
+        self._hot = None
         self.timer = timing.Sampler(None, self.config.gpu_timing)
+
+    @property
+    def hot(self) -> hot_path.HotPath:
+        """The batch's native calls (gpu/hot_path.py). Built at the first
+        batch, not at open: the C-API path's descriptors cost ~200 ms of
+        cffi type parsing, which a port's start (and restart after a crash)
+        need not wait for."""
+        if self._hot is None:
+            self._hot = hot_path.choose(self.require(), self.config.hot_path)
+        return self._hot
 
     def require(self) -> wgpu.GPUDevice:
         if self.device is None:

@@ -118,8 +118,9 @@ def name(path: HotPath | None) -> str:
 CHOICES = ("auto", "native", "wrappers")
 
 
-def choose(device: wgpu.GPUDevice, wanted: str = "auto") -> HotPath:
-    """The C-API path where it can run, else the wrappers.
+def planned(wanted: str = "auto") -> str:
+    """Which path `choose` will take ("native" or "wrappers"), from a quick
+    check of the members (no device, no C type parsing).
 
     ``wanted`` (KEM_HOT_PATH): ``auto``, ``native`` (the C API or an error
     naming what is missing), ``wrappers``."""
@@ -127,11 +128,23 @@ def choose(device: wgpu.GPUDevice, wanted: str = "auto") -> HotPath:
     if wanted not in CHOICES:
         raise ValueError(f"KEM_HOT_PATH={wanted!r}: use one of {', '.join(CHOICES)}")
     if wanted == "wrappers":
-        return WrapperPath(device)
-    gone = wgpu_private.missing_native_members()
-    if not gone:
-        return NativePath(device)
-    if wanted == "native":
+        return "wrappers"
+    gone = wgpu_private.missing_native_members(types=False)
+    if gone and wanted == "native":
         raise RuntimeError(f"KEM_HOT_PATH=native, but this wgpu-py lacks {', '.join(gone)}")
-    log.warning("wgpu-py lacks %s: using its public objects (slower)", ", ".join(gone))
-    return WrapperPath(device)
+    if gone:
+        log.warning("wgpu-py lacks %s: using its public objects (slower)", ", ".join(gone))
+    return "wrappers" if gone else "native"
+
+
+def choose(device: wgpu.GPUDevice, wanted: str = "auto") -> HotPath:
+    """The C-API path where it can run, else the wrappers (see `planned`)."""
+    if planned(wanted) == "wrappers":
+        return WrapperPath(device)
+    try:
+        return NativePath(device)
+    except Exception as exc:  # a C type this wgpu-py no longer declares
+        if wanted.lower() == "native":
+            raise
+        log.warning("the C-API path failed to start (%s): using wgpu-py's objects", exc)
+        return WrapperPath(device)

@@ -140,8 +140,11 @@ class ErrorCapture:
         return result
 
 
-def missing_native_members() -> list[str]:
-    """What gpu/native.py needs that this wgpu-py lacks, by name."""
+def missing_native_members(types: bool = True) -> list[str]:
+    """What gpu/native.py needs that this wgpu-py lacks, by name. The C type
+    checks cost ~200 ms of cffi parsing on the dev machine (a port start
+    pays them once the C-API path is built anyway): ``types=False`` skips
+    them."""
     gone: list[str] = []
     found: dict[str, Any] = {}
     for module_name, attr in NATIVE_MODULE_MEMBERS:
@@ -154,7 +157,7 @@ def missing_native_members() -> list[str]:
     lib, ffi = found.get("lib"), found.get("ffi")
     if lib is not None:
         gone += [f"lib.{name}" for name in NATIVE_FUNCTIONS + NATIVE_CONSTANTS if not hasattr(lib, name)]
-    if ffi is not None:
+    if ffi is not None and types:
         for ctype in NATIVE_TYPES:
             try:
                 ffi.typeof(ctype)
