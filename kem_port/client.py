@@ -20,10 +20,11 @@ from kem_port.framing import HEADER, read_frame
 
 
 class PortError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
+    def __init__(self, reason: str, detail: str, step: int | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" if step is None else f"{reason} at step {step}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.step = step  # a chain step's failure: its position, from 1
 
 
 def plain(value: Any) -> Any:
@@ -127,8 +128,24 @@ class PortClient:
             data = terms.binary_bytes(value)
             fut.set_result(data if data is not None else value)
         else:
-            reason, detail = result[1]
-            fut.set_exception(PortError(terms.atom_name(reason) or "?", terms.binary_bytes(detail).decode()))
+            fut.set_exception(_port_error(result[1]))
+
+    # -- sessions and chains (docs/sessions.md) ------------------------------
+
+    def session_open(self, quota: int | None = None) -> "PortSession":
+        opts = {} if quota is None else {"quota": quota}
+        incarnation, session_id = self.call("session_open", opts)
+        return PortSession(self, (incarnation, session_id))
+
+    def chain(
+        self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None, session: "PortSession | None" = None
+    ) -> Any:
+        """Steps run in one submission; the last output, or {name: bytes} for `returns`."""
+        opts: dict[str, Any] = {"input": input}
+        if returns is not None:
+            opts["return"] = list(returns)
+        ref = session.ref if session is not None else terms.atom("undefined")
+        return _named(self.call("chain", ref, [_step_term(s) for s in steps], opts))
 
     def close(self, timeout: float = 10.0) -> int:
         try:
@@ -145,3 +162,63 @@ class PortClient:
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
             self.close()
+
+
+class PortSession:
+    """A session on the port behind a PortClient: named buffers resident on its GPU."""
+
+    def __init__(self, client: PortClient, ref: tuple[int, int]) -> None:
+        self.client = client
+        self.ref = ref
+
+    def create(self, name: str, contents: int | bytes) -> None:
+        """A buffer of `contents` bytes, or of that many zero bytes (an int)."""
+        self.client.call("buffer_create", self.ref, name, contents)
+
+    def write(self, name: str, offset: int, data: bytes) -> None:
+        self.client.call("buffer_write", self.ref, name, offset, data)
+
+    def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        return self.client.call("buffer_read", self.ref, name, offset, terms.atom("undefined") if length is None else length)
+
+    def list(self) -> dict[str, int]:
+        return _named(self.client.call("buffer_list", self.ref))
+
+    def free(self, name: str) -> None:
+        self.client.call("buffer_free", self.ref, name)
+
+    def call(self, kernel_id: str, input: bytes = b"", **opts: Any) -> bytes:
+        """One kernel in the session: input and output as a plain call, named buffers bound."""
+        return self.client.call("session_call", self.ref, kernel_id, input, _step_term(opts))
+
+    def chain(self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None) -> Any:
+        return self.client.chain(steps, input, returns, self)
+
+    def close(self) -> None:
+        self.client.call("session_close", self.ref)
+
+
+def _step_term(step: dict) -> dict:
+    """A step as the port reads it (str values travel as binaries, keys as atoms)."""
+    return dict(step)
+
+
+def _named(value: Any) -> Any:
+    """Maps keyed by binaries come back with bytes keys; values as bytes."""
+    if isinstance(value, dict):
+        return {terms.binary_bytes(k).decode() if terms.binary_bytes(k) is not None else k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _plain(value: Any) -> Any:
+    data = terms.binary_bytes(value)
+    return data if data is not None else value
+
+
+def _port_error(error: Any) -> PortError:
+    reason, detail = error
+    name = terms.atom_name(reason) or "?"
+    if isinstance(detail, dict):
+        fields = {terms.atom_name(k): v for k, v in detail.items()}
+        return PortError(name, terms.binary_bytes(fields.get("detail")).decode(), fields.get("step"))
+    return PortError(name, terms.binary_bytes(detail).decode())

@@ -27,6 +27,7 @@ from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.gpu_loop import SMALL_CALL, Control, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
+from kem_port.session_methods import SessionMethods
 from kem_port.protocol import (
     INLINE_METHODS,
     KERNEL_METHODS,
@@ -61,6 +62,7 @@ class Router:
         self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
         self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kem-fetch")
+        self.session_methods = SessionMethods(self.loop, executor, resolver, self._fetchers, self)  # docs/sessions.md
 
     def start(self) -> None:
         self.loop.start()
@@ -108,7 +110,7 @@ class Router:
             self._kernel(req_id, kernel_call(method, args, self.config, self.shm))
         elif method in INLINE_METHODS:
             self._inline(req_id, method, args)
-        else:
+        elif not self.session_methods.handle(req_id, method, args):
             raise RequestError(req_id, KemError("unknown_method", f"no method {method!r}"))
 
     def _inline(self, req_id: int, method: str, args: tuple) -> None:
@@ -145,7 +147,7 @@ class Router:
 
     def _live_stats(self) -> dict:
         live: dict[str, Any] = self.loop.describe()
-        live.update(self.executor.describe())
+        live.update(self.executor.describe(), **self.session_methods.describe())
         if self.resolver.remote is not None:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
         return live

@@ -22,6 +22,7 @@ MIN_CLASS = 256
 USAGES = {
     "input": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
     "output": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST,
+    "session": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST,  # gpu/sessions.py
     "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
     "table": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST,
     "upload": wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC,

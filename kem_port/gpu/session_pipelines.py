@@ -1,0 +1,76 @@
+"""Compiled pipelines for kernels run in a session or chain.
+
+They differ from a plain call's (gpu/pipelines.py) only in their layout:
+bindings from 3 up are named storage buffers (gpu/session_contract.py).
+Cached per (kernel sha256, entry point, with or without params) for one
+device; a new device empties the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import wgpu
+
+from kem_port.errors import KemError
+from kem_port.gpu import session_contract
+from kem_port.gpu.pipelines import gpu_message
+from kem_port.gpu.session_contract import SessionLayout
+from kem_port.gpu.wgsl_reflect import KernelShape, reflect
+from kem_port.kernel_store import KernelSource
+from kem_port.stats import Stats
+
+CACHE_SIZE = 128
+
+
+@dataclass(frozen=True)
+class SessionPipeline:
+    pipeline: wgpu.GPUComputePipeline
+    layout: wgpu.GPUBindGroupLayout
+    shape: SessionLayout
+
+
+class SessionPipelines:
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self._device: wgpu.GPUDevice | None = None
+        self._cache: OrderedDict[tuple, SessionPipeline] = OrderedDict()
+        self._shapes: dict[str, KernelShape] = {}
+
+    def get(self, device: wgpu.GPUDevice, source: KernelSource, entry_point: str, params: bytes | None) -> SessionPipeline:
+        if device is not self._device:
+            self._cache.clear()
+            self._device = device
+        key = (source.sha256, entry_point, params is not None)
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            return found
+        shape = self._shapes.get(source.sha256)
+        if shape is None:
+            shape = self._shapes[source.sha256] = reflect(source.text)
+        layout = session_contract.check_session_layout(shape, entry_point, params)
+        started = time.perf_counter()
+        compiled = _compile(device, source, entry_point, layout, params is not None)
+        self.stats.inc("compiles")
+        self.stats.add_time("compile", time.perf_counter() - started)
+        self._cache[key] = compiled
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return compiled
+
+
+def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool) -> SessionPipeline:
+    try:
+        module = device.create_shader_module(code=source.text, label=source.kernel_id)
+    except wgpu.GPUError as exc:
+        raise KemError("shader_error", gpu_message(exc)) from None
+    try:
+        group_layout = device.create_bind_group_layout(entries=session_contract.layout_entries(layout, has_params))
+        pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
+        pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
+    except wgpu.GPUError as exc:
+        raise KemError("bad_kernel", gpu_message(exc)) from None
+    return SessionPipeline(pipeline, group_layout, layout)

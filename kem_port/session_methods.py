@@ -1,0 +1,194 @@
+"""The session and chain methods: checked on the reader thread, run on the
+GPU thread (as a control action of the GPU loop, so they never overlap a
+batch), answered from there.
+
+A chain step's failure is answered as ``{error, {Reason, #{step => N,
+detail => Text}}}``, N counting from 1 as Erlang's ``lists:nth`` does;
+every other failure as ``{error, {Reason, Detail}}`` (docs/sessions.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor as Threads
+from typing import Any, Protocol
+
+from kem_port import session_protocol as sp
+from kem_port import terms
+from kem_port.errors import KemError, bad_args
+from kem_port.gpu.chain_plan import Chain, Step, StepError
+from kem_port.config import Config
+from kem_port.framing import FrameWriter
+from kem_port.gpu.executor import Executor
+from kem_port.gpu.session_service import SessionService
+from kem_port.gpu_loop import GpuLoop, QueueFull
+from kem_port.kernel_store import KernelResolver, KernelSource
+from kem_port.protocol import RequestError
+from kem_port.stats import Stats
+
+log = logging.getLogger("kem_port.session_methods")
+OK = terms.atom("ok")
+Work = Callable[[], Any]
+
+
+class Replies(Protocol):
+    """What the router offers: its settings, counters, frame writer and replies."""
+
+    config: Config
+    stats: Stats
+    writer: FrameWriter
+
+    def reply_ok(self, req_id: Any, result: Any) -> None: ...
+
+    def reply_error(self, req_id: Any, error: KemError) -> None: ...
+
+
+class SessionMethods:
+    def __init__(self, loop: GpuLoop, executor: Executor, resolver: KernelResolver, fetchers: Threads, router: Replies) -> None:
+        self.loop = loop
+        self.resolver = resolver
+        self.fetchers = fetchers
+        self.router = router
+        self.config = router.config
+        self.service = SessionService(executor, router.config, router.stats)
+
+    def describe(self) -> dict[str, int]:
+        return self.service.describe()
+
+    def handle(self, req_id: int, method: str, args: tuple) -> bool:
+        """Answer a session or chain method; False if `method` is none of them."""
+        if method not in sp.SESSION_METHODS:
+            return False
+        try:
+            if method in ("session_call", "chain"):
+                self._kernel_method(req_id, method, args)
+            else:
+                self._submit(req_id, self._buffer_work(method, args))
+        except StepError as exc:
+            self._reply_step_error(req_id, exc)
+        return True
+
+    # -- buffers and sessions ----------------------------------------------
+
+    def _buffer_work(self, method: str, args: tuple) -> Work:
+        store = self.service.sessions
+        if method == "session_open":
+            quota = sp.open_quota(args)
+            return lambda: (store.incarnation, store.open(quota))
+        if not args:
+            raise bad_args(f"{method} takes {{Session, ...}}")
+        ref = sp.session_ref(args[0])
+        if method == "session_close":
+            sp.arity(args, 1, "{Session}")
+            return lambda: (store.close(*ref), OK)[1]
+        if method == "buffer_list":
+            sp.arity(args, 1, "{Session}")
+            return lambda: {n.encode(): b.size for n, b in store.get(*ref).buffers.items()}
+        if method == "buffer_free":
+            sp.arity(args, 2, "{Session, Name}")
+            name = sp.name(args[1])
+            return lambda: (store.free(store.get(*ref), name), OK)[1]
+        if method == "buffer_create":
+            sp.arity(args, 3, "{Session, Name, Size | Bytes}")
+            name, (size, data) = sp.name(args[1]), self._contents(args[2])
+            return lambda: (store.create(store.get(*ref), name, size, data), OK)[1]
+        if method == "buffer_write":
+            sp.arity(args, 4, "{Session, Name, Offset, Bytes}")
+            name, offset = sp.name(args[1]), sp.size(args[2], "offset", self.config)
+            data = sp.binary(args[3], "Bytes", self.config)
+            return lambda: (store.write(store.get(*ref), name, offset, data), OK)[1]
+        sp.arity(args, 4, "{Session, Name, Offset, Length | undefined}")
+        name, offset = sp.name(args[1]), sp.size(args[2], "offset", self.config)
+        length = None if terms.atom_name(args[3]) == "undefined" else sp.size(args[3], "length", self.config)
+        return lambda: store.read(store.get(*ref), name, offset, length)
+
+    def _contents(self, value: Any) -> tuple[int, bytes | None]:
+        if type(value) is int:
+            return sp.size(value, "buffer size", self.config, minimum=4), None
+        data = sp.binary(value, "buffer contents", self.config)
+        return len(data), data
+
+    # -- kernels in a session, chains --------------------------------------
+
+    def _kernel_method(self, req_id: int, method: str, args: tuple) -> None:
+        if method == "session_call":
+            sp.arity(args, 4, "{Session, KernelId, Input, Opts}")
+            ref: tuple[int, int] | None = sp.session_ref(args[0])
+            data = sp.binary(args[2], "Input", self.config)
+            steps, returns = [sp.call_step(args[1], data, args[3], self.config)], None
+        else:
+            sp.arity(args, 3, "{Session | undefined, Steps, Opts}")
+            ref = None if terms.atom_name(args[0]) == "undefined" else sp.session_ref(args[0])
+            steps = sp.chain_steps(args[1], self.config)
+            data, returns = sp.chain_opts(args[2], self.config)
+        resolver = self.resolver
+        remote = [s.kernel_id for s in steps if resolver.resolve_local(s.kernel_id) is None]
+        for index, step in enumerate(steps):
+            if step.kernel_id in remote and not resolver.needs_fetch(step.kernel_id):
+                raise StepError(index, KemError("kernel_not_found", f"no kernel {step.kernel_id!r}"))
+        run = lambda: self._submit(req_id, self._chain_work(method, ref, steps, data, returns))  # noqa: E731
+        if remote:
+            self.fetchers.submit(self._answering(req_id, run))
+        else:
+            run()
+
+    def _chain_work(self, method: str, ref, steps: list[sp.StepArgs], data: bytes, returns) -> Work:
+        sources = {s.kernel_id: self._source(i, s.kernel_id) for i, s in enumerate(steps)}
+        chain_steps = tuple(
+            Step(sources[s.kernel_id], s.params, s.workgroups, s.entry_point, s.bind, s.input, s.output, s.output_size)
+            for s in steps
+        )
+        store, chains = self.service.sessions, self.service.chains
+
+        def work() -> Any:
+            session = store.get(*ref) if ref is not None else None
+            try:
+                return chains.run(Chain(chain_steps, data, returns, session))
+            except StepError as exc:
+                if method == "session_call":  # one step: a plain error
+                    raise KemError(exc.reason, exc.detail) from None
+                raise
+
+        return work
+
+    def _source(self, index: int, kernel_id: str) -> KernelSource:
+        resolver = self.resolver
+        try:
+            return resolver.resolve_local(kernel_id) or resolver.fetch(kernel_id)
+        except KemError as exc:
+            raise StepError(index, exc) from None
+
+    # -- running and answering ----------------------------------------------
+
+    def _answering(self, req_id: int, run: Callable[[], None]) -> Callable[[], None]:
+        """`run` on a fetch thread, its failure answered to the caller."""
+
+        def guarded() -> None:
+            try:
+                run()
+            except StepError as exc:
+                self._reply_step_error(req_id, exc)
+            except RequestError as exc:
+                self.router.reply_error(exc.req_id, exc.error)
+            except KemError as exc:
+                self.router.reply_error(req_id, exc)
+            except Exception as exc:
+                log.exception("session fetch failed")
+                self.router.reply_error(req_id, KemError("internal", f"{type(exc).__name__}: {exc}"))
+
+        return guarded
+
+    def _submit(self, req_id: int, work: Work) -> None:
+        def control(_executor: object) -> None:
+            self._answering(req_id, lambda: self.router.reply_ok(req_id, self.service.run(work)))()
+
+        try:
+            self.loop.put(control)
+        except QueueFull:
+            raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None
+
+    def _reply_step_error(self, req_id: int, exc: StepError) -> None:
+        self.router.stats.error(exc.reason)
+        detail = {terms.atom("step"): exc.step + 1, terms.atom("detail"): terms.Binary(exc.detail.encode("utf-8", "replace"))}
+        self.router.writer.write([terms.encode((terms.atom("reply"), req_id, (terms.atom("error"), (terms.atom(exc.reason), detail))))])
