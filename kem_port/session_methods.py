@@ -144,11 +144,13 @@ class SessionMethods:
         def work() -> Any:
             session = store.get(*ref) if ref is not None else None
             try:
-                return chains.run(Chain(chain_steps, data, returns, session))
+                result = chains.run(Chain(chain_steps, data, returns, session))
             except StepError as exc:
                 if method == "session_call":  # one step: a plain error
                     raise KemError(exc.reason, exc.detail) from None
                 raise
+            # Buffer names go back as binaries (a str key would become an atom).
+            return {n.encode(): v for n, v in result.items()} if isinstance(result, dict) else result
 
         return work
 

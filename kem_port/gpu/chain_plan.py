@@ -136,6 +136,7 @@ class Planner:
         named = [(n.binding, self._lookup(step.bind.get(n.wgsl_name, n.wgsl_name))) for n in layout.named]
         uses = [(source, layout.input_writable), (output, True)] + [(slot, n.writable) for (_, slot), n in zip(named, layout.named)]
         _check_conflicts(uses)
+        _check_whole_words([source] + [slot for _, slot in named])
         for slot, _ in uses:
             if slot.size > self.gpu.binding_limit:
                 raise too_large(f"buffer of {slot.size} bytes is over this adapter's storage binding limit of {self.gpu.binding_limit}")
@@ -187,6 +188,16 @@ def _check_conflicts(uses: list[tuple[Slot, bool]]) -> None:
             if slot is other and (writes or other_writes):
                 shown = slot.name or "the previous step's output"
                 raise bad_args(f"buffer {shown!r} is bound twice in one step and written through one binding")
+
+
+def _check_whole_words(read: list[Slot]) -> None:
+    """A step reads an earlier step's output in whole words: a call would cut
+    an odd-sized output and zero-pad it again, a chain cannot (the bytes
+    past its end stay as the kernel wrote them), so it refuses instead."""
+    for slot in read:
+        if slot.temporary and slot.upload is None and slot.logical % 4:
+            shown = repr(slot.name) if slot.name else "the previous step's output"
+            raise bad_args(f"{shown} has {slot.logical} bytes; an output a later step reads must be a multiple of 4 (set output_size)")
 
 
 def _dispatch_bytes(step: Step, output: Slot, named: list[tuple[int, Slot]], layout) -> int:
