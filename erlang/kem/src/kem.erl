@@ -7,6 +7,9 @@
 
 -export([execute/3, adapter_info/0, stats/0, config/0, ping/0, metrics/0,
          call/3, call_usage/3, default_timeout/0]).
+%% Sessions and chains (kem_session, docs/sessions.md).
+-export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
+         buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
 
 -type kernel_id() :: binary().
 -type opts() :: #{output_size_hint => pos_integer(),
@@ -88,6 +91,17 @@ call_usage(Method, Args, Timeout) ->
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
               us => WallUs, clock => wall}}.
+
+session_open(Opts) -> kem_session:open(Opts).
+session_close(Session) -> kem_session:close(Session).
+session_call(Session, KernelId, Input, Opts) -> kem_session:call(Session, KernelId, Input, Opts).
+chain(Steps, Opts) -> kem_session:chain(Steps, Opts).
+buffer_create(Session, Name, SizeOrBytes) -> kem_session:buffer_create(Session, Name, SizeOrBytes).
+buffer_write(Session, Name, Offset, Bytes) -> kem_session:buffer_write(Session, Name, Offset, Bytes).
+buffer_read(Session, Name) -> kem_session:buffer_read(Session, Name).
+buffer_read(Session, Name, Range) -> kem_session:buffer_read(Session, Name, Range).
+buffer_list(Session) -> kem_session:buffer_list(Session).
+buffer_free(Session, Name) -> kem_session:buffer_free(Session, Name).
 
 %%% internals
 

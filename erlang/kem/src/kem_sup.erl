@@ -31,7 +31,8 @@ init([]) ->
           type => worker,
           modules => [kem_port]}
      || I <- lists:seq(1, Count)],
-    Children = [Metrics | Ports],
+    Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
+    Children = [Metrics | Ports] ++ [Session],
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
     {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, Children}}.

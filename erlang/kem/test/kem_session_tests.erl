@@ -1,0 +1,181 @@
+%%% @doc eunit tests of sessions and chains through the documented kem API,
+%%% against the real Python port (lavapipe on CI) and Erlang references on
+%%% fresh random data.
+-module(kem_session_tests).
+-include_lib("eunit/include/eunit.hrl").
+
+-define(ACCUMULATE, <<
+    "@group(0) @binding(0) var<storage, read> input_words: array<u32>;\n"
+    "@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;\n"
+    "@group(0) @binding(3) var<storage, read_write> acc: array<u32>;\n"
+    "@compute @workgroup_size(64)\n"
+    "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
+    "    let i = gid.x;\n"
+    "    if (i >= arrayLength(&acc)) { return; }\n"
+    "    acc[i] = acc[i] + input_words[i % arrayLength(&input_words)];\n"
+    "    if (i < arrayLength(&output_words)) { output_words[i] = acc[i]; }\n"
+    "}\n">>).
+
+session_test_() ->
+    {setup, fun start/0, fun stop/1,
+     [{timeout, 60, fun buffers_round_trip/0},
+      {timeout, 60, fun accumulate_over_many_calls_equals_reference/0},
+      {timeout, 60, fun chain_equals_composition/0},
+      {timeout, 60, fun chain_step_failure_names_the_step/0},
+      {timeout, 60, fun two_sessions_never_see_each_other/0},
+      {timeout, 60, fun quotas_are_enforced/0},
+      {timeout, 60, fun owner_death_frees_memory/0},
+      {timeout, 120, fun session_lost_after_kill_9/0}]}.
+
+start() ->
+    Dir = filename:join(["/tmp", "kem-session-tests-" ++ os:getpid()]),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    ok = file:write_file(filename:join(Dir, "accumulate.wgsl"), ?ACCUMULATE),
+    ok = application:load(kem),
+    ok = application:set_env(kem, kernel_dir, Dir),
+    ok = application:set_env(kem, port_env, [{"KEM_SESSION_QUOTA_BYTES", "16777216"}]),
+    {ok, Apps} = application:ensure_all_started(kem),
+    {Dir, Apps}.
+
+stop({Dir, Apps}) ->
+    [application:stop(A) || A <- lists:reverse(Apps)],
+    application:unload(kem),
+    file:del_dir_r(Dir),
+    ok.
+
+%%% references
+
+words(Bin) -> [W || <<W:32/little>> <= Bin].
+from_words(Ws) -> << <<W:32/little>> || W <- Ws >>.
+add(A, B) -> from_words([(X + Y) band 16#FFFFFFFF || {X, Y} <- lists:zip(words(A), words(B))]).
+random_words(N) -> crypto:strong_rand_bytes(4 * N).
+
+session_bytes() ->
+    {ok, Stats} = kem:stats(),
+    lists:sum([maps:get(session_bytes, S) || S <- maps:values(Stats)]).
+
+%%% tests
+
+buffers_round_trip() ->
+    {ok, S} = kem:session_open(#{}),
+    Data = random_words(300),
+    ?assertEqual(ok, kem:buffer_create(S, <<"data">>, Data)),
+    ?assertEqual(ok, kem:buffer_create(S, zeros, 64)),
+    ?assertEqual({ok, Data}, kem:buffer_read(S, data)),
+    ?assertEqual({ok, binary:part(Data, 16, 32)}, kem:buffer_read(S, <<"data">>, {16, 32})),
+    ?assertEqual(ok, kem:buffer_write(S, zeros, 8, <<1, 2, 3, 4>>)),
+    ?assertEqual({ok, <<0:64, 1, 2, 3, 4, 0:416>>}, kem:buffer_read(S, zeros)),
+    ?assertEqual({ok, #{<<"data">> => 1200, <<"zeros">> => 64}}, kem:buffer_list(S)),
+    ?assertEqual(ok, kem:buffer_free(S, zeros)),
+    ?assertMatch({error, {no_buffer, _}}, kem:buffer_read(S, zeros)),
+    ?assertMatch({error, {bad_args, _}}, kem:buffer_create(S, <<"not a name">>, 4)),
+    ?assertMatch({error, {bad_args, _}}, kem:buffer_read(nonsense, data)),
+    ?assertEqual(ok, kem:session_close(S)),
+    ?assertMatch({error, {session_lost, _}}, kem:buffer_read(S, data)).
+
+accumulate_over_many_calls_equals_reference() ->
+    {ok, S} = kem:session_open(#{}),
+    N = 1000 + rand:uniform(3000),
+    Start = random_words(N),
+    ok = kem:buffer_create(S, acc, Start),
+    Final = lists:foldl(
+        fun(_, Acc) ->
+            Step = random_words(N),
+            ?assertEqual({ok, <<>>}, kem:session_call(S, <<"accumulate">>, Step, #{output_size => 0})),
+            add(Acc, Step)
+        end, Start, lists:seq(1, 20)),
+    ?assertEqual({ok, Final}, kem:buffer_read(S, acc)),
+    Last = random_words(N),
+    ?assertEqual({ok, add(Final, Last)}, kem:session_call(S, <<"accumulate">>, Last, #{})),
+    ok = kem:session_close(S).
+
+chain_equals_composition() ->
+    [begin
+         Input = crypto:strong_rand_bytes(Size),
+         Steps = [#{kernel => <<"double">>}, #{kernel => <<"double">>, output_size => 2 * Size},
+                  #{kernel => <<"double">>}],
+         Expected = kem_ref:double_ref(kem_ref:double_ref(kem_ref:double_ref(Input, Size), 2 * Size), 2 * Size),
+         ?assertEqual({ok, Expected}, kem:chain(Steps, #{input => Input}))
+     end || Size <- [4, 64, 4096, 65536]],
+    %% With a session: state in, state out, only what is asked for comes back.
+    {ok, S} = kem:session_open(#{}),
+    State = random_words(256),
+    ok = kem:buffer_create(S, state, State),
+    Steps2 = [#{kernel => <<"double">>, input => state, output => tmp},
+              #{kernel => <<"double">>, input => tmp, output => state}],
+    Four = kem_ref:double_ref(kem_ref:double_ref(State, 1024), 1024),
+    ?assertEqual({ok, #{<<"state">> => Four}}, kem:chain(Steps2, #{session => S, return => [state]})),
+    ?assertEqual({ok, Four}, kem:buffer_read(S, state)),
+    ?assertEqual({ok, #{<<"state">> => 1024}}, kem:buffer_list(S)),
+    ok = kem:session_close(S).
+
+chain_step_failure_names_the_step() ->
+    {ok, S} = kem:session_open(#{}),
+    Start = random_words(64),
+    ok = kem:buffer_create(S, acc, Start),
+    Bump = #{kernel => <<"accumulate">>, output_size => 0},
+    ?assertMatch({error, {no_buffer, #{step := 2, detail := _}}},
+                 kem:chain([Bump, Bump#{bind => #{acc => missing}}], #{session => S, input => random_words(64)})),
+    ?assertMatch({error, {kernel_not_found, #{step := 3}}},
+                 kem:chain([Bump, Bump, #{kernel => <<"no_such">>}], #{session => S})),
+    ?assertEqual({ok, Start}, kem:buffer_read(S, acc)),
+    ?assertMatch({error, {bad_args, _}}, kem:chain(not_a_list, #{})),
+    ok = kem:session_close(S).
+
+two_sessions_never_see_each_other() ->
+    {ok, A} = kem:session_open(#{}),
+    {ok, B} = kem:session_open(#{}),
+    Secret = random_words(512),
+    ok = kem:buffer_create(A, x, Secret),
+    ?assertMatch({error, {no_buffer, _}}, kem:buffer_read(B, x)),
+    ok = kem:session_close(A),
+    ok = kem:buffer_create(B, x, 2048),
+    ?assertEqual({ok, <<0:(2048 * 8)>>}, kem:buffer_read(B, x)),
+    ok = kem:session_close(B).
+
+quotas_are_enforced() ->
+    {ok, S} = kem:session_open(#{quota => 4096}),
+    ok = kem:buffer_create(S, a, 4096),
+    ?assertMatch({error, {quota_exceeded, _}}, kem:buffer_create(S, b, 4)),
+    ?assertMatch({error, {quota_exceeded, _}}, kem:session_open(#{quota => 1 bsl 30})),
+    ?assertEqual({ok, #{<<"a">> => 4096}}, kem:buffer_list(S)),
+    ok = kem:session_close(S).
+
+owner_death_frees_memory() ->
+    Baseline = session_bytes(),
+    Self = self(),
+    Owner = spawn(fun() ->
+        {ok, S} = kem:session_open(#{}),
+        [ok = kem:buffer_create(S, list_to_atom("b" ++ integer_to_list(I)), 1 bsl 20) || I <- lists:seq(1, 4)],
+        Self ! {opened, S},
+        receive stop -> ok end
+    end),
+    S = receive {opened, Sess} -> Sess after 30000 -> error(no_session) end,
+    ?assertEqual(Baseline + 4 bsl 20, session_bytes()),
+    Owner ! stop,
+    ?assertEqual(Baseline, wait_for(fun session_bytes/0, Baseline, 50)),
+    ?assertMatch({error, {session_lost, _}}, kem:buffer_list(S)).
+
+session_lost_after_kill_9() ->
+    {ok, S} = kem:session_open(#{}),
+    ok = kem:buffer_create(S, acc, random_words(16)),
+    {kem_session, Port, _, _} = S,
+    OsPid = kem_port:os_pid(Port),
+    os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    %% During the restart and after it: lost, never a fresh empty session.
+    ?assertMatch({error, {session_lost, _}}, kem:buffer_read(S, acc)),
+    wait_for(fun() -> catch kem_port:os_pid(Port) =/= OsPid andalso is_integer(kem_port:os_pid(Port)) end, true, 100),
+    ?assertMatch({error, {session_lost, _}}, kem:buffer_read(S, acc)),
+    ?assertMatch({error, {session_lost, _}}, kem:session_call(S, <<"accumulate">>, <<1:32>>, #{output_size => 0})),
+    ?assertMatch({error, {session_lost, _}}, kem:session_close(S)),
+    {ok, Fresh} = kem:session_open(#{}),
+    ok = kem:buffer_create(Fresh, acc, <<5:32/little>>),
+    ?assertEqual({ok, <<6:32/little>>}, kem:session_call(Fresh, <<"accumulate">>, <<1:32/little>>, #{})),
+    ok = kem:session_close(Fresh).
+
+wait_for(Fun, Want, 0) -> Fun() =:= Want orelse error({still, Fun()}), Want;
+wait_for(Fun, Want, Tries) ->
+    case Fun() of
+        Want -> Want;
+        _ -> timer:sleep(100), wait_for(Fun, Want, Tries - 1)
+    end.
