@@ -25,14 +25,14 @@
 -module(dev_kem).
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
-         get_adapter_info/3]).
+         get_adapter_info/3, execute_chain/3]).
 
 -define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
 
 %% @doc Only these keys are reachable through the device.
 -spec info(term()) -> map().
 info(_) ->
-    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info]}.
+    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info, execute_chain]}.
 
 -spec info(map(), map(), map()) -> {ok, map()}.
 info(_Msg1, _Msg2, _Opts) ->
@@ -46,7 +46,8 @@ info(_Msg1, _Msg2, _Opts) ->
                 <<"POST JSON {kernel-id, input-data, output-size-hint}, or the input bytes "
                   "(content-type: application/octet-stream) with the other fields as keys">>,
             <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]">>,
-            <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>}}).
+            <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>,
+            <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>}}).
 
 -spec execute_kernel(map(), map(), map()) -> {ok, map()} | {error, map()}.
 execute_kernel(Msg1, Msg2, Opts) ->
@@ -67,6 +68,32 @@ get_adapter_info(_Msg1, _Msg2, _Opts) ->
         {error, Reason} ->
             failure(<<"Failed to get adapter info">>, Reason)
     end.
+
+%% @doc A stateless chain of kernels in one request, one GPU submission
+%% (dev_kem_chain reads the body; docs/sessions.md).
+-spec execute_chain(map(), map(), map()) -> {ok, map()} | {error, map()}.
+execute_chain(Msg1, Msg2, Opts) ->
+    event(kem, {request, execute_chain}),
+    Body = try chain_body(first_found([<<"body">>], [Msg2, Msg1], Opts))
+           catch throw:{bad_request, _, _, Detail} -> {bad_request, Detail}
+           end,
+    case dev_kem_chain:request(Body) of
+        {ok, Steps, ChainOpts} ->
+            case kem:chain(Steps, ChainOpts) of
+                {ok, Result} ->
+                    {ok, #{<<"status">> => 200, <<"body">> => Result,
+                           <<"content-type">> => <<"application/octet-stream">>}};
+                {error, Reason} ->
+                    event(kem, {failed, execute_chain, Reason}),
+                    failure(<<"Failed to execute chain">>, dev_kem_chain:flat_reason(Reason))
+            end;
+        {bad_request, Detail} ->
+            error_reply(400, <<"Bad request">>, bad_request, Detail)
+    end.
+
+chain_body(Body) when is_binary(Body), Body =/= <<>> -> json_object(Body);
+chain_body(Map) when is_map(Map) -> Map;
+chain_body(_) -> bad(<<"a JSON body {input-data, steps} is required">>).
 
 %%% request handling
 
@@ -258,6 +285,8 @@ status(owner_not_allowed) -> 403;
 status(shader_error) -> 422;
 status(bad_kernel) -> 422;
 status(dispatch_too_large) -> 422;
+status(no_buffer) -> 400;
+status(quota_exceeded) -> 413;
 status(overloaded) -> 503;
 status(port_unavailable) -> 503;
 status(not_started) -> 503;

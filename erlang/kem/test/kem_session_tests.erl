@@ -179,3 +179,34 @@ wait_for(Fun, Want, Tries) ->
         Want -> Want;
         _ -> timer:sleep(100), wait_for(Fun, Want, Tries - 1)
     end.
+
+%%% dev_kem: stateless chains
+
+dev_kem_chain_test_() ->
+    {setup, fun start/0, fun stop/1,
+     [{timeout, 60, fun dev_kem_chain_equals_composition/0},
+      {timeout, 60, fun dev_kem_chain_bad_requests/0}]}.
+
+chain_body(Map) -> kem_json:encode(Map).
+
+dev_kem_chain_equals_composition() ->
+    Input = crypto:strong_rand_bytes(64),
+    Body = chain_body(#{<<"input_data">> => binary_to_list(Input),
+                        <<"steps">> => [#{<<"kernel_id">> => <<"double">>},
+                                        #{<<"kernel_id">> => <<"double">>, <<"output_size">> => 128},
+                                        #{<<"kernel_id">> => <<"double">>}]}),
+    Expected = kem_ref:double_ref(kem_ref:double_ref(kem_ref:double_ref(Input, 64), 128), 128),
+    ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := Expected}},
+                 dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{})).
+
+dev_kem_chain_bad_requests() ->
+    Run = fun(Map) -> dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(Map)}, #{}) end,
+    ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"input_data">> => [1, 2, 3, 4]})),
+    ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"steps">> => [#{<<"colour">> => 1}]})),
+    ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"steps">> => [#{<<"kernel_id">> => <<"double">>, <<"session">> => 1}]})),
+    {error, #{<<"status">> := 400, <<"reason">> := <<"kernel_not_found">>, <<"details">> := Detail}} =
+        Run(#{<<"input-data">> => [1, 2, 3, 4],
+              <<"steps">> => [#{<<"kernel-id">> => <<"double">>}, #{<<"kernel_id">> => <<"no_such">>}]}),
+    ?assertMatch(<<"step 2: ", _/binary>>, Detail),
+    ?assertMatch({error, #{<<"status">> := 400}}, dev_kem:execute_chain(#{}, #{<<"body">> => <<"{not json">>}, #{})),
+    ?assertMatch({error, #{<<"status">> := 400}}, dev_kem:execute_chain(#{}, #{}, #{})).
