@@ -23,6 +23,7 @@ import wgpu
 
 from kem_port.errors import KemError, bad_args
 from kem_port.gpu.device import Device
+from kem_port.gpu.wgpu_private import poll_until_idle
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # a WGSL identifier
 KIND = "session"
@@ -219,8 +220,10 @@ def finish_and_read(device: wgpu.GPUDevice, gpu: Device, encoder, ranges: list[t
     for _, _, length in ranges:
         offsets.append(total)
         total += -(-length // 256) * 256
-    if total == 0:
+    if total == 0:  # nothing to read: still answer only once the work is done
         device.queue.submit([encoder.finish()])
+        # (queue.on_submitted_work_done_sync is broken in wgpu-py 0.32: a ctypes mismatch)
+        poll_until_idle(device)
         return [b"" for _ in ranges]
     staging = pool.take("staging", total)
     try:
