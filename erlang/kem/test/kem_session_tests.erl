@@ -16,11 +16,41 @@
     "    if (i < arrayLength(&output_words)) { output_words[i] = acc[i]; }\n"
     "}\n">>).
 
+-define(LIFE, <<
+    "struct Size { w: u32, h: u32 }\n"
+    "@group(0) @binding(0) var<storage, read> input_words: array<u32>;\n"
+    "@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;\n"
+    "@group(0) @binding(2) var<uniform> size: Size;\n"
+    "@group(0) @binding(3) var<storage, read> cur: array<u32>;\n"
+    "@group(0) @binding(4) var<storage, read_write> next: array<u32>;\n"
+    "\n"
+    "@compute @workgroup_size(8, 8)\n"
+    "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
+    "    let w = size.w;\n"
+    "    let h = size.h;\n"
+    "    if (gid.x >= w || gid.y >= h) {\n"
+    "        return;\n"
+    "    }\n"
+    "    var n = 0u;\n"
+    "    for (var dy = 0u; dy < 3u; dy++) {\n"
+    "        for (var dx = 0u; dx < 3u; dx++) {\n"
+    "            if (dx != 1u || dy != 1u) {\n"
+    "                let x = (gid.x + w + dx - 1u) % w;\n"
+    "                let y = (gid.y + h + dy - 1u) % h;\n"
+    "                n += cur[y * w + x];\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "    let alive = cur[gid.y * w + gid.x];\n"
+    "    next[gid.y * w + gid.x] = select(0u, 1u, n == 3u || (alive == 1u && n == 2u));\n"
+    "}\n">>).
+
 session_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun buffers_round_trip/0},
       {timeout, 60, fun accumulate_over_many_calls_equals_reference/0},
       {timeout, 60, fun chain_equals_composition/0},
+      {timeout, 60, fun life_as_in_the_docs/0},
       {timeout, 60, fun chain_step_failure_names_the_step/0},
       {timeout, 60, fun two_sessions_never_see_each_other/0},
       {timeout, 60, fun quotas_are_enforced/0},
@@ -31,6 +61,7 @@ start() ->
     Dir = filename:join(["/tmp", "kem-session-tests-" ++ os:getpid()]),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     ok = file:write_file(filename:join(Dir, "accumulate.wgsl"), ?ACCUMULATE),
+    ok = file:write_file(filename:join(Dir, "life.wgsl"), ?LIFE),
     ok = application:load(kem),
     ok = application:set_env(kem, kernel_dir, Dir),
     ok = application:set_env(kem, port_env, [{"KEM_SESSION_QUOTA_BYTES", "16777216"}]),
@@ -120,6 +151,32 @@ chain_step_failure_names_the_step() ->
                  kem:chain([Bump, Bump, #{kernel => <<"no_such">>}], #{session => S})),
     ?assertEqual({ok, Start}, kem:buffer_read(S, acc)),
     ?assertMatch({error, {bad_args, _}}, kem:chain(not_a_list, #{})),
+    ok = kem:session_close(S).
+
+%% Conway's life on a W x H torus of u32 cells, on the host.
+life_ref(Grid, W, H) ->
+    Cells = list_to_tuple(words(Grid)),
+    At = fun(X, Y) -> element(1 + ((Y + H) rem H) * W + ((X + W) rem W), Cells) end,
+    from_words([begin
+                    N = lists:sum([At(X + DX, Y + DY) || DY <- [-1, 0, 1], DX <- [-1, 0, 1], {DX, DY} =/= {0, 0}]),
+                    case {At(X, Y), N} of {_, 3} -> 1; {1, 2} -> 1; _ -> 0 end
+                end || Y <- lists:seq(0, H - 1), X <- lists:seq(0, W - 1)]).
+
+life_as_in_the_docs() ->
+    {W, H} = {13 + rand:uniform(20), 5 + rand:uniform(20)},
+    Grid = from_words([rand:uniform(2) - 1 || _ <- lists:seq(1, W * H)]),
+    {ok, S} = kem:session_open(#{}),
+    ok = kem:buffer_create(S, a, Grid),
+    ok = kem:buffer_create(S, b, byte_size(Grid)),
+    Size = <<W:32/little, H:32/little>>,
+    Gen = fun(From, To) -> #{kernel => <<"life">>, params => Size, output_size => 0,
+                             bind => #{cur => From, next => To}} end,
+    ?assertEqual({ok, <<>>}, kem:session_call(S, <<"life">>, <<>>, maps:remove(kernel, Gen(a, b)))),
+    One = life_ref(Grid, W, H),
+    ?assertEqual({ok, One}, kem:buffer_read(S, b)),
+    Steps = lists:append(lists:duplicate(10, [Gen(b, a), Gen(a, b)])) ++ [Gen(b, a)],
+    Expected = lists:foldl(fun(_, G) -> life_ref(G, W, H) end, One, lists:seq(1, 21)),
+    ?assertEqual({ok, #{<<"a">> => Expected}}, kem:chain(Steps, #{session => S, return => [a]})),
     ok = kem:session_close(S).
 
 two_sessions_never_see_each_other() ->
