@@ -137,7 +137,8 @@ dev_kem_bad_requests() ->
     ?assertEqual(400, Status(dev_kem:execute_kernel_with_params(#{}, #{<<"body">> => NoParams}, #{}))).
 
 dev_kem_info() ->
-    ?assertEqual(#{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info]},
+    ?assertEqual(#{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info,
+                               execute_chain]},
                  dev_kem:info(#{})),
     {ok, #{<<"status">> := 200, <<"body">> := InfoJson}} = dev_kem:info(#{}, #{}, #{}),
     ?assertMatch({ok, #{<<"version">> := <<"1.0">>}}, kem_json:decode(InfoJson)),
