@@ -45,24 +45,35 @@ class ChainRunner:
         assert pool is not None
         taken: list[tuple[str, wgpu.GPUBuffer]] = []
         try:
-            for slot in plan.temporaries:
-                slot.buffer = pool.take("session", slot.size)
-                taken.append(("session", slot.buffer))
+            self._take_temporaries(plan.temporaries, taken)
             u_buf = self._params(device, plan, taken)
             encoder = device.create_command_encoder()
             self._fill_temporaries(device, encoder, plan.temporaries)
             compute = encoder.begin_compute_pass()
+            current = None
             for step in plan.steps:
-                compute.set_pipeline(step.pipeline.pipeline)
+                if step.pipeline is not current:
+                    compute.set_pipeline(step.pipeline.pipeline)
+                    current = step.pipeline
                 compute.set_bind_group(0, self._bind_group(device, step, u_buf))
                 compute.dispatch_workgroups(*step.groups)
             compute.end()
-            ranges = [(slot.buffer, 0, pad_copy(slot)) for slot in plan.returns]
+            # The last output's first word rides along as a fence: the
+            # answer waits for the work even when nothing else is read.
+            last = plan.steps[-1].output
+            ranges = [(slot.buffer, slot.offset, pad_copy(slot)) for slot in plan.returns] + [(last.buffer, last.offset, 4)]
             read = finish_and_read(device, self.gpu, encoder, ranges)
             return [data[: slot.logical] for data, slot in zip(read, plan.returns)]
         finally:
             for kind, buf in taken:
                 pool.give(kind, buf)
+
+    def _take_temporaries(self, temporaries: list[Slot], taken: list) -> None:
+        """One pooled buffer per temporary: WebGPU tracks read and write use
+        per buffer, not per range, so temporaries cannot share one."""
+        for slot in temporaries:
+            slot.buffer = self.gpu.pool.take("session", slot.size)  # type: ignore[union-attr]
+            taken.append(("session", slot.buffer))
 
     def _params(self, device: wgpu.GPUDevice, plan: ChainPlan, taken: list) -> wgpu.GPUBuffer | None:
         """Every step's params in one uniform buffer, each at an aligned offset."""
@@ -93,16 +104,15 @@ class ChainRunner:
             else:
                 encoder.clear_buffer(slot.buffer, 0, slot.size)
 
-    @staticmethod
-    def _bind_group(device: wgpu.GPUDevice, step, u_buf):
+    def _bind_group(self, device: wgpu.GPUDevice, step, u_buf):
         params = (u_buf, step.u_offset, _uniform_size(step.params)) if step.params is not None else None
         entries = session_contract.group_entries(
-            (step.input.buffer, 0, step.input.size),
-            (step.output.buffer, 0, step.output.size),
+            (step.input.buffer, step.input.offset, step.input.size),
+            (step.output.buffer, step.output.offset, step.output.size),
             params,
-            [(binding, slot.buffer, slot.size) for binding, slot in step.named],
+            [(binding, slot.buffer, slot.offset, slot.size) for binding, slot in step.named],
         )
-        return device.create_bind_group(layout=step.pipeline.layout, entries=entries)
+        return self.pipelines.bind_group(device, step.pipeline, entries)
 
 
 def _uniform_size(params: bytes) -> int:

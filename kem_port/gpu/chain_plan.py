@@ -71,6 +71,7 @@ class Slot:
     logical: int  # the bytes a caller sees
     buffer: wgpu.GPUBuffer | None = None  # a session buffer, or the temporary once taken
     temporary: bool = True
+    offset: int = 0  # where the bytes start in `buffer`
     upload: bytes | memoryview | None = None  # the chain's input bytes
 
     @property

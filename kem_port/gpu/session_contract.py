@@ -68,9 +68,9 @@ def group_entries(
     inputs: tuple[wgpu.GPUBuffer, int, int],
     outputs: tuple[wgpu.GPUBuffer, int, int],
     params: tuple[wgpu.GPUBuffer, int, int] | None,
-    named: list[tuple[int, wgpu.GPUBuffer, int]],
+    named: list[tuple[int, wgpu.GPUBuffer, int, int]],
 ) -> list[dict]:
-    """A step's bind group: kem's bindings, then (binding, buffer, size) of each named one."""
+    """A step's bind group: kem's bindings, then (binding, buffer, offset, size) of each named one."""
     entries = contract.group_entries(inputs, outputs, params)
-    entries += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": size}} for b, buf, size in named]
+    entries += [{"binding": b, "resource": {"buffer": buf, "offset": offset, "size": size}} for b, buf, offset, size in named]
     return entries

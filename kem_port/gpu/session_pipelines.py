@@ -18,11 +18,13 @@ from kem_port.errors import KemError
 from kem_port.gpu import session_contract
 from kem_port.gpu.pipelines import gpu_message
 from kem_port.gpu.session_contract import SessionLayout
+from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.wgsl_reflect import KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
 
 CACHE_SIZE = 128
+BIND_GROUP_CACHE_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class SessionPipeline:
     pipeline: wgpu.GPUComputePipeline
     layout: wgpu.GPUBindGroupLayout
     shape: SessionLayout
+    serial: int  # never reused: keys the bind group cache
 
 
 class SessionPipelines:
@@ -38,10 +41,13 @@ class SessionPipelines:
         self._device: wgpu.GPUDevice | None = None
         self._cache: OrderedDict[tuple, SessionPipeline] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
+        self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
+        self._serial = 0
 
     def get(self, device: wgpu.GPUDevice, source: KernelSource, entry_point: str, params: bytes | None) -> SessionPipeline:
         if device is not self._device:
             self._cache.clear()
+            self._bind_groups.clear()
             self._device = device
         key = (source.sha256, entry_point, params is not None)
         found = self._cache.get(key)
@@ -53,7 +59,8 @@ class SessionPipelines:
             shape = self._shapes[source.sha256] = reflect(source.text)
         layout = session_contract.check_session_layout(shape, entry_point, params)
         started = time.perf_counter()
-        compiled = _compile(device, source, entry_point, layout, params is not None)
+        self._serial += 1
+        compiled = _compile(device, source, entry_point, layout, params is not None, self._serial)
         self.stats.inc("compiles")
         self.stats.add_time("compile", time.perf_counter() - started)
         self._cache[key] = compiled
@@ -61,8 +68,24 @@ class SessionPipelines:
             self._cache.popitem(last=False)
         return compiled
 
+    def bind_group(self, device: wgpu.GPUDevice, pipeline: SessionPipeline, entries: list[dict]) -> wgpu.GPUBindGroup:
+        """A bind group, cached by pipeline and each entry's buffer serial,
+        offset and size: a chain run again on pooled buffers creates none
+        (a bind group is one more native call per step, ~20 us here)."""
+        key = (pipeline.serial,) + tuple(
+            (e["binding"], serial_of(e["resource"]["buffer"]), e["resource"]["offset"], e["resource"]["size"]) for e in entries
+        )
+        group = self._bind_groups.get(key)
+        if group is not None:
+            self._bind_groups.move_to_end(key)
+            return group
+        group = self._bind_groups[key] = device.create_bind_group(layout=pipeline.layout, entries=entries)
+        while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
+            self._bind_groups.popitem(last=False)
+        return group
 
-def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool) -> SessionPipeline:
+
+def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool, serial: int) -> SessionPipeline:
     try:
         module = device.create_shader_module(code=source.text, label=source.kernel_id)
     except wgpu.GPUError as exc:
@@ -73,4 +96,4 @@ def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: S
         pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
     except wgpu.GPUError as exc:
         raise KemError("bad_kernel", gpu_message(exc)) from None
-    return SessionPipeline(pipeline, group_layout, layout)
+    return SessionPipeline(pipeline, group_layout, layout, serial)
