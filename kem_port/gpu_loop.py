@@ -84,6 +84,19 @@ class GpuLoop:
         finally:
             self._executor_lock.release()
 
+    def run_control_inline(self, control: Control) -> bool:
+        """Run a short control action (session work, session_methods.py) on
+        the calling thread when the GPU thread is idle; False if it must queue."""
+        if not self._executor_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self.queue.empty():
+                return False
+            self._run_control(control)
+            return True
+        finally:
+            self._executor_lock.release()
+
     def _loop(self) -> None:
         while True:
             first = self.queue.get()

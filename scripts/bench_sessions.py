@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sessions and chains against their same-run baselines (docs/sessions.md).
 
-Rows, each the median (and p90) of N timed calls after a warm-up:
+Rows, each the median (and p90) of its samples, taken in interleaved rounds:
 
 * small call: ``double`` on 4 bytes, the baseline of everything below;
 * resident step: one ``accumulate`` step on a resident state (4 KB: the
@@ -34,16 +34,20 @@ KERNELS = Path(__file__).resolve().parents[1] / "tests" / "session_kernels"
 SMALL = bytes([1, 3, 5, 7])
 
 
-def timed(fn: Callable[[], object], reps: int, warm: int = 5) -> dict[str, float]:
-    for _ in range(warm):
+def interleaved(rows: list[tuple[str, Callable[[], object], int]], rounds: int) -> dict[str, dict[str, float]]:
+    """Time rows in rounds, one sample of each a round (a row with every=K
+    only every K-th round), so a shared machine's load drifts over all of
+    them alike; median and p90 in ms, after one untimed round."""
+    for _, fn, _ in rows:
         fn()
-    samples = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1e3)
-    samples.sort()
-    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(len(samples) * 0.9) - 1 if reps >= 10 else -1]}
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in rows}
+    for r in range(rounds):
+        for name, fn, every in rows:
+            if r % every == 0:
+                started = time.perf_counter()
+                fn()
+                samples[name].append((time.perf_counter() - started) * 1e3)
+    return {name: {"median_ms": statistics.median(v), "p90_ms": sorted(v)[max(0, len(v) * 9 // 10 - 1)]} for name, v in samples.items()}
 
 
 def main() -> None:
@@ -59,19 +63,21 @@ def main() -> None:
         big = np.random.default_rng().integers(0, 256, state_bytes, dtype=np.uint8).tobytes()
         one_word = (1).to_bytes(4, "little")
         ten = [{"kernel": "double"}] * 10
-        rows = {
-            "small call": timed(lambda: port.call("execute_kernel", b"double", SMALL, 1), reps * 4),
-            "resident step (4 KB state, 4-byte call)": timed(
-                lambda: small_state.call("accumulate", one_word, output_size=0), reps * 4),
-            f"resident step ({state_mb} MB state, 4-byte call)": timed(
-                lambda: session.call("accumulate", one_word, output_size=0), reps),
-            f"round trip ({state_mb} MB up and back)": timed(
-                lambda: port.call("execute_kernel", b"double", big, 1), max(3, reps // 10), warm=1),
-            "chain of 10 small steps": timed(lambda: port.chain(ten, input=SMALL), reps * 4),
-            "10 small calls in turn": timed(lambda: [port.call("execute_kernel", b"double", SMALL, 1) for _ in range(10)], reps),
-        }
+        small_call = lambda: port.call("execute_kernel", b"double", SMALL, 1)  # noqa: E731
+        # Small rows and large rows are interleaved apart: right after a
+        # 64 MB step, lavapipe's small calls ran several times slower.
+        rows = interleaved([
+            ("small call", small_call, 1),
+            ("resident step (4 KB state, 4-byte call)", lambda: small_state.call("accumulate", one_word, output_size=0), 1),
+            ("chain of 10 small steps", lambda: port.chain(ten, input=SMALL), 1),
+            ("10 small calls in turn", lambda: [small_call() for _ in range(10)], 1),
+        ], 4 * reps)
+        rows.update(interleaved([
+            (f"resident step ({state_mb} MB state, 4-byte call)", lambda: session.call("accumulate", one_word, output_size=0), 1),
+            (f"round trip ({state_mb} MB up and back)", lambda: port.call("execute_kernel", b"double", big, 1), 10),
+        ], reps))
         # The state really moved: every step added 1 to every word.
-        steps = reps + 5
+        steps = reps + 1
         head = np.frombuffer(session.read("acc", 0, 16), "<u4")
         assert (head == steps).all(), f"state {head} after {steps} steps"
         session.close()

@@ -72,8 +72,9 @@ def test_buffers_create_write_read_list_free(session, rng):
     assert exc.value.reason == "no_buffer"
 
 
-def test_accumulate_state_over_many_calls_equals_host(session, rng):
-    n = int(rng.integers(100, 5000))
+@pytest.mark.parametrize("words_range", [(100, 5000), (20_000, 40_000)])  # on the reader; on the GPU thread
+def test_accumulate_state_over_many_calls_equals_host(session, rng, words_range):
+    n = int(rng.integers(*words_range))
     start = rng.integers(0, 2**32, n, dtype=np.uint32)
     session.create("acc", start.tobytes())
     expected = start.copy()
@@ -87,6 +88,24 @@ def test_accumulate_state_over_many_calls_equals_host(session, rng):
     step = rng.integers(0, 2**32, n, dtype=np.uint32)
     out = session.call("accumulate", step.tobytes())
     assert np.array_equal(np.frombuffer(out, "<u4"), expected + step)
+
+
+def test_small_session_work_runs_on_the_reader(sport):
+    """Small session calls skip the GPU thread's wake-up; large ones queue."""
+    def inline() -> int:
+        return {terms.atom_name(k): v for k, v in sport.call("stats").items()}.get("inline_session_calls", 0)
+
+    s = sport.session_open()
+    s.create("acc", 4096)
+    before = inline()
+    s.call("accumulate", words(1), output_size=0)
+    assert inline() > before
+    s.create("big", 1 << 20)
+    before = inline()
+    s.call("accumulate", words(1), output_size=0, bind={"acc": "big"})
+    assert inline() == before
+    assert np.frombuffer(s.read("big", 0, 8), "<u4").tolist() == [1, 1]
+    s.close()
 
 
 @pytest.mark.parametrize("w, h", [(8, 8), (37, 23), (64, 50)])

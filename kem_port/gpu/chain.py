@@ -61,7 +61,9 @@ class ChainRunner:
             # The last output's first word rides along as a fence: the
             # answer waits for the work even when nothing else is read.
             last = plan.steps[-1].output
-            ranges = [(slot.buffer, slot.offset, pad_copy(slot)) for slot in plan.returns] + [(last.buffer, last.offset, 4)]
+            ranges = [(slot.buffer, slot.offset, pad_copy(slot)) for slot in plan.returns]
+            if not any(slot is last and slot.logical for slot in plan.returns):
+                ranges.append((last.buffer, last.offset, 4))
             read = finish_and_read(device, self.gpu, encoder, ranges)
             return [data[: slot.logical] for data, slot in zip(read, plan.returns)]
         finally:

@@ -44,6 +44,9 @@ class SessionPipelines:
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._serial = 0
 
+    def has(self, source: KernelSource, entry_point: str, params: bytes | None) -> bool:
+        return (source.sha256, entry_point, params is not None) in self._cache
+
     def get(self, device: wgpu.GPUDevice, source: KernelSource, entry_point: str, params: bytes | None) -> SessionPipeline:
         if device is not self._device:
             self._cache.clear()

@@ -115,6 +115,12 @@ class Sessions:
             raise session_lost("the GPU device that held this session was lost")
         return session
 
+    def bytes_of(self, session_id: int) -> int:
+        """A session's bytes as the tables hold them now (0 if unknown)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return session.bytes if session is not None else 0
+
     def close(self, incarnation: int, session_id: int) -> None:
         session = self.get(incarnation, session_id)
         self._drop(session)
