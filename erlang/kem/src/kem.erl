@@ -92,15 +92,27 @@ call_usage(Method, Args, Timeout) ->
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
               us => WallUs, clock => wall}}.
 
+%% @doc Sessions and chains: kem_session has the full description.
+-spec session_open(map()) -> {ok, kem_session:session()} | {error, kem_port:reason()}.
 session_open(Opts) -> kem_session:open(Opts).
+-spec session_close(kem_session:session()) -> ok | {error, kem_port:reason()}.
 session_close(Session) -> kem_session:close(Session).
+-spec session_call(kem_session:session(), kernel_id(), binary(), map()) -> {ok, binary()} | {error, kem_port:reason()}.
 session_call(Session, KernelId, Input, Opts) -> kem_session:call(Session, KernelId, Input, Opts).
+-spec chain([kem_session:step()], map()) -> {ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}.
 chain(Steps, Opts) -> kem_session:chain(Steps, Opts).
+-spec buffer_create(kem_session:session(), kem_session:name(), pos_integer() | binary()) -> ok | {error, kem_port:reason()}.
 buffer_create(Session, Name, SizeOrBytes) -> kem_session:buffer_create(Session, Name, SizeOrBytes).
+-spec buffer_write(kem_session:session(), kem_session:name(), non_neg_integer(), binary()) -> ok | {error, kem_port:reason()}.
 buffer_write(Session, Name, Offset, Bytes) -> kem_session:buffer_write(Session, Name, Offset, Bytes).
+-spec buffer_read(kem_session:session(), kem_session:name()) -> {ok, binary()} | {error, kem_port:reason()}.
 buffer_read(Session, Name) -> kem_session:buffer_read(Session, Name).
+-spec buffer_read(kem_session:session(), kem_session:name(), {non_neg_integer(), non_neg_integer()}) ->
+    {ok, binary()} | {error, kem_port:reason()}.
 buffer_read(Session, Name, Range) -> kem_session:buffer_read(Session, Name, Range).
+-spec buffer_list(kem_session:session()) -> {ok, #{binary() => non_neg_integer()}} | {error, kem_port:reason()}.
 buffer_list(Session) -> kem_session:buffer_list(Session).
+-spec buffer_free(kem_session:session(), kem_session:name()) -> ok | {error, kem_port:reason()}.
 buffer_free(Session, Name) -> kem_session:buffer_free(Session, Name).
 
 %%% internals

@@ -23,7 +23,7 @@
                   entry_point => binary() | atom(), bind => #{name() => name()},
                   input => name(), output => name(), output_size => non_neg_integer()}.
 -type reason() :: kem_port:reason().
--export_type([session/0, step/0]).
+-export_type([session/0, step/0, name/0]).
 
 %%% API
 
