@@ -14,6 +14,7 @@ not know the pair answers ``session_lost``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import threading
@@ -133,7 +134,8 @@ class Sessions:
             if pool is not None and session.device is self.gpu.device:
                 pool.give(KIND, buf.buffer)
             else:  # the device is gone; so is what it held
-                buf.buffer.destroy()
+                with contextlib.suppress(Exception):  # a lost device may refuse even this
+                    buf.buffer.destroy()
         with self._lock:
             session.buffers.clear()
 
