@@ -10,6 +10,7 @@ every other failure as ``{error, {Reason, Detail}}`` (docs/sessions.md).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 from typing import Any, Protocol
@@ -54,6 +55,8 @@ class SessionMethods:
         self.router = router
         self.config = router.config
         self.service = SessionService(executor, router.config, router.stats)
+        self._queued = 0  # session work handed to the GPU thread, not yet done
+        self._queued_lock = threading.Lock()
 
     def describe(self) -> dict[str, int]:
         return self.service.describe()
@@ -207,12 +210,27 @@ class SessionMethods:
         def control(_executor: object) -> None:
             self._answering(req_id, lambda: self.router.reply_ok(req_id, self.service.run(work)))()
 
-        if small and not self.router.input_waiting() and self.loop.run_control_inline(control):
+        # Session work keeps its order: none runs inline while earlier
+        # session work is still queued (the GPU thread takes an item off
+        # the queue a moment before it takes the executor lock).
+        if small and not self._queued and not self.router.input_waiting() and self.loop.run_control_inline(control):
             self.router.stats.inc("inline_session_calls")
             return
+
+        def queued(executor: object) -> None:
+            try:
+                control(executor)
+            finally:
+                with self._queued_lock:
+                    self._queued -= 1
+
+        with self._queued_lock:
+            self._queued += 1
         try:
-            self.loop.put(control)
+            self.loop.put(queued)
         except QueueFull:
+            with self._queued_lock:
+                self._queued -= 1
             raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None
 
     def _reply_step_error(self, req_id: int, exc: StepError) -> None:

@@ -253,3 +253,29 @@ def test_a_session_is_lost_with_its_device_or_port():
         fresh = port.session_open()
         fresh.create("acc", words(5))
         assert fresh.call("accumulate", words(1)) == words(6)
+
+
+def test_sessions_and_plain_calls_interleave_correctly(sport, rng):
+    """Session work (inline or queued) and batched plain calls, all at once:
+    every state and every result as the host computes it."""
+    sessions = [sport.session_open() for _ in range(4)]
+    sizes = [64, 1000, 20_000, 100]  # words: small ones run inline, 20 000 queues
+    starts = [rng.integers(0, 2**32, n, dtype=np.uint32) for n in sizes]
+    for s, start in zip(sessions, starts):
+        s.create("acc", start.tobytes())
+    expected = [start.copy() for start in starts]
+    plain, plain_expected, session_calls = [], [], []
+    for _ in range(15):
+        for i, s in enumerate(sessions):
+            step = rng.integers(0, 2**32, sizes[i], dtype=np.uint32)
+            expected[i] = expected[i] + step
+            session_calls.append(sport.call_async("session_call", s.ref, "accumulate", step.tobytes(), {"output_size": 0}))
+        data = rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8).tobytes()
+        plain.append(sport.call_async("execute_kernel", b"double", data, 1))
+        plain_expected.append(reference.double(data, len(data)))
+    assert [f.result(60) for f in session_calls] == [b""] * len(session_calls)
+    assert [f.result(60) for f in plain] == plain_expected
+    for s, want in zip(sessions, expected):
+        assert np.array_equal(np.frombuffer(s.read("acc"), "<u4"), want)
+        s.close()
+
