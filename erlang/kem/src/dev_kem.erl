@@ -75,7 +75,7 @@ get_adapter_info(_Msg1, _Msg2, _Opts) ->
 execute_chain(Msg1, Msg2, Opts) ->
     event(kem, {request, execute_chain}),
     Body = try chain_body(first_found([<<"body">>], [Msg2, Msg1], Opts))
-           catch throw:{bad_request, _, _, Detail} -> {bad_request, Detail}
+           catch throw:{bad_request, _, _, Why} -> {bad_request, Why}
            end,
     case dev_kem_chain:request(Body) of
         {ok, Steps, ChainOpts} ->

@@ -64,7 +64,7 @@ start() ->
     ok = file:write_file(filename:join(Dir, "life.wgsl"), ?LIFE),
     ok = application:load(kem),
     ok = application:set_env(kem, kernel_dir, Dir),
-    ok = application:set_env(kem, port_env, [{"KEM_SESSION_QUOTA_BYTES", "16777216"}]),
+    ok = application:set_env(kem, session_quota_bytes, 16 bsl 20),  % -> KEM_SESSION_QUOTA_BYTES
     {ok, Apps} = application:ensure_all_started(kem),
     {Dir, Apps}.
 
