@@ -2,6 +2,9 @@
 (gpu/contract.py), plus storage bindings from 3 up, each bound to the
 session buffer named like its WGSL variable (or renamed per call).
 
+Binding 3 is also where a plain call's kernel may declare the call table
+(gpu/call_table.py, ``kem_calls``); a kernel that does is refused here.
+
 ``var<storage, read>`` is laid out read-only and ``var<storage, read_write>``
 writable, so the WGSL's access mode is what the device enforces.
 """
@@ -18,6 +21,9 @@ from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.wgsl_reflect import Binding, EntryPoint, KernelShape
 
 FIRST_NAMED = contract.PARAMS + 1
+# A plain call reads a read-only binding 3 as the call table; in a session
+# binding 3 names a buffer. The ABI's own name tells the table apart.
+CALL_TABLE_NAME = "kem_calls"
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,9 @@ def check_session_layout(shape: KernelShape, entry_point: str, params: bytes | N
     entry = contract.check_layout(base, probe)
     named = []
     for b in sorted((b for b in shape.bindings if is_named(b)), key=lambda b: b.binding):
+        if b.binding == contract.TABLE and b.name == CALL_TABLE_NAME:
+            raise KemError("bad_kernel", f"{b.name} at @binding({b.binding}) is a call table (gpu/call_table.py): "
+                           "such kernels run as plain calls, not in a session or chain")
         if b.address_space != "storage":
             raise KemError("bad_kernel", f"{b.name} at @binding({b.binding}): session bindings must be var<storage, read> or var<storage, read_write>")
         if not b.name:
