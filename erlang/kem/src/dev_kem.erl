@@ -101,8 +101,7 @@ handle(Key, Msg1, Msg2, Opts) ->
     event(kem, {request, Key}),
     case request(Key, Msg1, Msg2, Opts) of
         {ok, Method, Args} ->
-            Timeout = kem:default_timeout(),
-            case kem:call_usage(Method, Args, Timeout) of
+            case kem:request_usage(Method, Args) of
                 {{ok, Result}, Usage} ->
                     kem_metering:report(Usage, Opts),
                     {ok, maps:merge(usage_keys(Usage),
@@ -288,6 +287,7 @@ status(dispatch_too_large) -> 422;
 status(no_buffer) -> 400;
 status(quota_exceeded) -> 413;
 status(overloaded) -> 503;
+status(quarantined) -> 503;
 status(port_unavailable) -> 503;
 status(not_started) -> 503;
 status(timeout) -> 504;

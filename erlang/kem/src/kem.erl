@@ -1,12 +1,14 @@
 %%% @doc The modern kem API: results as `{ok, Binary}', failures as
-%%% `{error, {Reason, Detail}}', never an exception.
+%%% `{error, {Reason, Detail}}', never an exception, whatever the terms.
 %%%
-%%% Every call goes through `call/3', the one place that picks a port
-%%% (round robin over `kem_sup:port_names/0') and applies the timeout.
+%%% Every call goes through `call_usage/3', the one place that checks
+%%% arguments (kem_args), refuses quarantined kernels (kem_quarantine),
+%%% picks a port (round robin over `kem_sup:port_names/0'), applies the
+%%% timeout and counts the call (kem_metrics).
 -module(kem).
 
--export([execute/3, adapter_info/0, stats/0, config/0, ping/0, metrics/0,
-         call/3, call_usage/3, default_timeout/0]).
+-export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
+         metrics/0, call/3, call_usage/3, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
@@ -18,6 +20,7 @@
                   workgroups => {pos_integer(), pos_integer(), pos_integer()},
                   entry_point => binary() | atom(),
                   timeout => timeout(),
+                  max_output_bytes => non_neg_integer(),
                   usage => boolean()}.
 %% What one call cost, for metering: `us' is GPU time where the port
 %% measured it (`clock => gpu'), else the caller's wall time (`clock => wall').
@@ -28,23 +31,44 @@
                    clock := gpu | wall}.
 -export_type([kernel_id/0, opts/0, usage/0]).
 
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
+
 %% @doc Run kernel KernelId on Input. Output size is `output_size', else
-%% `byte_size(Input) * output_size_hint' (hint default 1). With
-%% `usage => true' a success is `{ok, Result, Usage}'.
--spec execute(kernel_id(), binary(), opts()) ->
+%% `byte_size(Input) * output_size_hint' (hint default 1). `timeout' (ms,
+%% 1..3600000 or infinity) defaults to the app env `timeout';
+%% `max_output_bytes' refuses a larger output with `too_large' before
+%% anything runs; with `usage => true' a success is `{ok, Result, Usage}'.
+%% Any other option is refused with `bad_args'.
+-spec execute(term(), term(), term()) ->
     {ok, binary()} | {ok, binary(), usage()} | {error, kem_port:reason()}.
 execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
-    {Timeout, PortOpts0} = take_timeout(Opts),
-    {WantUsage, PortOpts} = case maps:take(usage, PortOpts0) of
-        {W, Rest} -> {W =:= true, Rest};
-        error -> {false, PortOpts0}
-    end,
-    case call_usage(execute, {KernelId, Input, PortOpts}, Timeout) of
-        {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
-        {Reply, _Usage} -> Reply
+    case kem_args:execute_opts(Opts) of
+        {ok, Timeout, Budget, WantUsage, PortOpts} ->
+            T = case Timeout of default -> default_timeout(); _ -> Timeout end,
+            case budgeted(execute, {KernelId, Input, PortOpts}, Budget, T) of
+                {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
+                {Reply, _Usage} -> Reply
+            end;
+        Error ->
+            Error
     end;
 execute(_KernelId, _Input, _Opts) ->
     {error, {bad_args, <<"execute(KernelId :: binary(), Input :: binary(), Opts :: map())">>}}.
+
+%% @doc A request from outside the node (dev_kem): Method is
+%% `execute_kernel' or `execute_kernel_with_params' with their Args; the
+%% output may be at most `request_max_output_bytes' (app env, default
+%% 16 MiB, below the port's own cap), the timeout is the default.
+-spec request(term(), term()) -> {ok, binary()} | {error, kem_port:reason()}.
+request(Method, Args) ->
+    element(1, request_usage(Method, Args)).
+
+%% @doc `request/2', also returning what the call cost (for metering).
+-spec request_usage(term(), term()) -> {{ok, binary()} | {error, kem_port:reason()}, usage()}.
+request_usage(Method, Args) when Method =:= execute_kernel; Method =:= execute_kernel_with_params ->
+    budgeted(Method, Args, request_budget(), default_timeout());
+request_usage(_Method, _Args) ->
+    {{error, {bad_args, <<"request(execute_kernel | execute_kernel_with_params, Args)">>}}, no_usage()}.
 
 %% @doc The adapter in use and the limits kem enforces, as a JSON binary.
 -spec adapter_info() -> {ok, binary()} | {error, kem_port:reason()}.
@@ -71,26 +95,30 @@ metrics() ->
     kem_metrics:text().
 
 %% @doc Send Method/Args to the next port in turn.
--spec call(atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
+-spec call(term(), term(), term()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Method, Args, Timeout) ->
     element(1, call_usage(Method, Args, Timeout)).
 
-%% @doc `call/3', also returning what the call cost; every call is counted
-%% in `kem_metrics' here, the one road all calls take.
--spec call_usage(atom(), tuple(), timeout()) ->
+%% @doc `call/3', also returning what the call cost; every call that passes
+%% the argument checks is counted in `kem_metrics' here, the one road all
+%% calls take.
+-spec call_usage(term(), term(), term()) ->
     {{ok, term()} | {error, kem_port:reason()}, usage()}.
 call_usage(Method, Args, Timeout) ->
-    Start = erlang:monotonic_time(microsecond),
-    Reply = case next_port() of
-        {ok, Port} -> kem_shm:call(Port, Method, Args, Timeout);
-        Error -> Error
-    end,
-    WallUs = erlang:monotonic_time(microsecond) - Start,
-    {KernelId, BytesIn} = kernel_and_input(Args),
-    BytesOut = case Reply of {ok, Bin} when is_binary(Bin) -> byte_size(Bin); _ -> 0 end,
-    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
-    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
-              us => WallUs, clock => wall}}.
+    case kem_args:call(Method, Args, Timeout) of
+        ok -> checked_call(Method, Args, Timeout);
+        Error -> {Error, no_usage()}
+    end.
+
+%% @doc The timeout of a call that names none: the app env `timeout' (ms),
+%% read here and nowhere else.
+-spec default_timeout() -> timeout().
+default_timeout() ->
+    Configured = application:get_env(kem, timeout, 30000),
+    case kem_args:timeout(Configured) of
+        ok -> Configured;
+        _ -> 30000
+    end.
 
 %% @doc Sessions and chains: kem_session has the full description.
 -spec session_open(map()) -> {ok, kem_session:session()} | {error, kem_port:reason()}.
@@ -117,22 +145,80 @@ buffer_free(Session, Name) -> kem_session:buffer_free(Session, Name).
 
 %%% internals
 
+budgeted(Method, Args, Budget, Timeout) ->
+    case kem_args:call(Method, Args, Timeout) of
+        ok ->
+            {_, Input, Third} = Args,
+            Size = kem_args:output_size(Method, Input, Third),
+            case Budget =:= infinity orelse Size =< Budget of
+                true -> checked_call(Method, Args, Timeout);
+                false -> {{error, {too_large, over_budget(Size, Budget)}}, no_usage()}
+            end;
+        Error ->
+            {Error, no_usage()}
+    end.
+
+over_budget(Size, Budget) ->
+    iolist_to_binary(io_lib:format("an output of ~b bytes is over this request's limit of ~b", [Size, Budget])).
+
+request_budget() ->
+    case application:get_env(kem, request_max_output_bytes, 16 bsl 20) of
+        N when is_integer(N), N >= 0 -> N;
+        _ -> 16 bsl 20
+    end.
+
+%% Arguments checked: quarantine, a port, the call, its cost.
+checked_call(Method, Args, Timeout) ->
+    Start = erlang:monotonic_time(microsecond),
+    Reply = port_call(Method, Args, Timeout),
+    WallUs = erlang:monotonic_time(microsecond) - Start,
+    {KernelId, BytesIn} = kernel_and_input(Args),
+    BytesOut = case Reply of {ok, Bin} when is_binary(Bin) -> byte_size(Bin); _ -> 0 end,
+    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
+              us => WallUs, clock => wall}}.
+
+port_call(Method, Args, Timeout) ->
+    Kernel = kernel_of(Method, Args),
+    case quarantine_check(Kernel) of
+        ok ->
+            case next_port() of
+                {ok, Port} -> quarantine_on_timeout(Kernel, Timeout, kem_shm:call(Port, Method, Args, Timeout));
+                Error -> Error
+            end;
+        Refused ->
+            Refused
+    end.
+
+no_usage() ->
+    #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall}.
+
 kernel_and_input(Args) when tuple_size(Args) >= 2,
                             is_binary(element(1, Args)), is_binary(element(2, Args)) ->
     {element(1, Args), byte_size(element(2, Args))};
 kernel_and_input(_) ->
     {undefined, 0}.
 
-take_timeout(Opts) ->
-    case maps:take(timeout, Opts) of
-        {T, Rest} -> {T, Rest};
-        error -> {default_timeout(), Opts}
+kernel_of(Method, Args) ->
+    case lists:member(Method, ?KERNEL_METHODS) of
+        true -> element(1, Args);
+        false -> none
     end.
 
-%% @doc The one default timeout of a call (app env `timeout', ms).
--spec default_timeout() -> timeout().
-default_timeout() ->
-    application:get_env(kem, timeout, 30000).
+quarantine_check(none) -> ok;
+quarantine_check(Kernel) -> kem_quarantine:check(Kernel).
+
+%% Only a kernel that outlived the full default timeout: a caller that asked
+%% for less cannot get a kernel refused for everyone.
+quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
+        when Kernel =/= none, is_integer(Timeout) ->
+    case Timeout >= default_timeout() of
+        true -> ok = kem_quarantine:add(Kernel);
+        false -> ok
+    end,
+    Result;
+quarantine_on_timeout(_Kernel, _Timeout, Result) ->
+    Result.
 
 next_port() ->
     case persistent_term:get({kem, ports}, undefined) of

@@ -16,28 +16,44 @@
 -module(kem_port).
 -behaviour(gen_server).
 
--export([start_link/2, start_module/1, call/4, os_pid/1, python_executable/0]).
+-export([start_link/2, start_link/3, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
 
 -define(MARGIN_MS, 2000).
+%% What a timer and a receive accept (2^32 - 1 ms), margin included: a
+%% caller's timeout outside this is refused, never able to crash the owner.
+-define(IS_TIMEOUT(T), (T =:= infinity orelse
+                        (is_integer(T) andalso T >= 1 andalso T =< 16#FFFFFFFF - ?MARGIN_MS))).
 
 -type reason() :: {atom(), term()}.
 -export_type([reason/0]).
 
 -spec start_link(atom(), pos_integer()) -> {ok, pid()} | {error, term()}.
 start_link(Name, Index) ->
-    gen_server:start_link({local, Name}, ?MODULE, {Name, Index, "kem_port"}, []).
+    start_link(Name, Index, undefined).
+
+%% @doc ShmDir: the node's shared-memory directory (kem_shm_dir), handed in
+%% by kem_sup and passed to Python as KEM_SHM_DIR; `undefined' for none.
+-spec start_link(atom(), pos_integer(), string() | undefined) -> {ok, pid()} | {error, term()}.
+start_link(Name, Index, ShmDir) ->
+    gen_server:start_link({local, Name}, ?MODULE, {Name, Index, {module, "kem_port"}, ShmDir}, []).
 
 %% @doc An unregistered, unsupervised owner of another Python module that
-%% speaks the same protocol (the benchmark's `kem_port.echo').
+%% speaks the same protocol.
 -spec start_module(string()) -> {ok, pid()} | {error, term()}.
 start_module(Module) ->
-    gen_server:start(?MODULE, {list_to_atom(Module), 0, Module}, []).
+    gen_server:start(?MODULE, {list_to_atom(Module), 0, {module, Module}, undefined}, []).
+
+%% @doc The same for a Python script (the benchmark's tools/echo_port.py).
+-spec start_script(string()) -> {ok, pid()} | {error, term()}.
+start_script(Path) ->
+    gen_server:start(?MODULE, {list_to_atom(filename:basename(Path)), 0, {script, Path}, undefined}, []).
 
 %% @doc Send one request and wait for its reply, at most Timeout ms.
 -spec call(atom() | pid(), atom(), tuple(), timeout()) ->
     {ok, term()} | {error, reason()}.
-call(Server, Method, Args, Timeout) when is_atom(Method), is_tuple(Args) ->
+call(Server, Method, Args, Timeout)
+        when is_atom(Server) orelse is_pid(Server), is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     %% The server answers at Timeout; the extra margin only guards against a
     %% server that is itself stuck (e.g. suspended on a busy port).
     Backstop = case Timeout of infinity -> infinity; _ -> Timeout + ?MARGIN_MS end,
@@ -56,7 +72,9 @@ call(Server, Method, Args, Timeout) when is_atom(Method), is_tuple(Args) ->
             %% Never format Reason: it can hold a caller's request, input
             %% binary and all, and 100 callers printing 4 MB each stall.
             {error, {port_unavailable, exit_summary(Reason)}}
-    end.
+    end;
+call(_Server, _Method, _Args, _Timeout) ->
+    {error, {bad_args, <<"call(Server, Method :: atom(), Args :: tuple(), Timeout :: 1..2^32-2001 | infinity)">>}}.
 
 exit_summary(Reason) when is_atom(Reason) ->
     <<"the port owner exited: ", (atom_to_binary(Reason, utf8))/binary>>;
@@ -72,10 +90,10 @@ os_pid(Server) ->
 
 %%% gen_server
 
-init({Name, _Index, Module}) ->
+init({Name, _Index, Command, ShmDir}) ->
     process_flag(trap_exit, true),
     Python = python_executable(),
-    case open(Python, Module) of
+    case open(Python, Command, ShmDir) of
         {ok, Port} ->
             State = #{name => Name, port => Port, next => 1, pending => #{},
                       os_pid => os_pid_of(Port)},
@@ -85,7 +103,8 @@ init({Name, _Index, Module}) ->
             {stop, Reason}
     end.
 
-handle_call({call, Method, Args, Timeout}, From, State) ->
+handle_call({call, Method, Args, Timeout}, From, State)
+        when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     #{port := Port, next := Id, pending := Pending} = State,
     try port_command(Port, term_to_binary({call, Id, Method, Args})) of
         true ->
@@ -101,7 +120,10 @@ handle_call({call, Method, Args, Timeout}, From, State) ->
             stop_port_exited(closed, {error, {port_exited, closed}}, State)
     end;
 handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
-    {reply, OsPid, State}.
+    {reply, OsPid, State};
+handle_call(_Bad, _From, State) ->
+    %% Whatever else a process sends: answered, never a crash of the owner.
+    {reply, {error, {bad_args, <<"not a kem_port request">>}}, State}.
 
 handle_cast(_Msg, State) ->
     {noreply, State}.
@@ -226,9 +248,10 @@ os_pid_of(Port) ->
         _ -> undefined
     end.
 
-open(Python, Module) ->
+open(Python, Command, ShmDir) ->
+    Args = case Command of {module, Module} -> ["-m", Module]; {script, Path} -> [Path] end,
     Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
-            {args, ["-m", Module]}, {env, port_env()}],
+            {args, Args}, {env, port_env(ShmDir)}],
     try
         {ok, open_port({spawn_executable, Python}, Opts)}
     catch
@@ -276,13 +299,10 @@ ask(Port, Method, Timeout) ->
 python_executable() ->
     kem_python:executable().
 
-%% The port's settings (kem_settings), this node's shared-memory dir, and a
-%% runtime dir for Mesa where the node has none.
-port_env() ->
-    Shm = case filelib:is_dir(kem_shm:dir()) of
-        true -> [{"KEM_SHM_DIR", kem_shm:dir()}];
-        false -> []
-    end,
+%% The port's settings (kem_settings), this node's shared-memory dir (handed
+%% in by kem_sup), and a runtime dir for Mesa where the node has none.
+port_env(ShmDir) ->
+    Shm = [{"KEM_SHM_DIR", ShmDir} || is_list(ShmDir)],
     runtime_dir() ++ Shm ++ kem_settings:port_env().
 
 %% Mesa's Vulkan loader prints "XDG_RUNTIME_DIR is invalid or not set" on

@@ -2,49 +2,41 @@
 %%%
 %%% A port pipe moves ~0.1-0.2 GB/s each way here; /dev/shm files move
 %%% 2-3 GB/s (docs/benchmarks.md). For an input of at least `shm_threshold'
-%%% bytes, the caller writes it to a file in this node's directory
-%%% (/dev/shm/kem-<os pid>), the port reads it there and writes the result
-%%% to a second file; the caller reads that and deletes both, whatever
-%%% happens (`after'). A node that dies leaves its directory behind: the
-%%% next start of the app removes directories of processes that are gone.
+%%% bytes, the input goes to a file in this node's directory (kem_shm_dir),
+%%% the port reads it there and writes the result to a second file, which
+%%% is read back here.
+%%%
+%%% The files belong to a transfer process, not to the caller: the caller
+%%% only waits for its answer. A caller killed mid-call (an HTTP handler
+%%% whose client hung up) cannot skip the clean-up, because the transfer
+%%% runs on until the port has answered, then deletes both files.
+%%% Files are made exclusively (O_EXCL: never an existing file, never
+%%% through a link) and 0600, inside the 0700 directory.
+%%%
+%%% When a file cannot be written (/dev/shm full) or there is no directory
+%%% (read-only, squatted), the payload takes the port pipe instead: a call
+%%% is never failed for the side channel's sake.
 -module(kem_shm).
--export([init/0, dir/0, call/4]).
+-export([call/4]).
 
--define(ROOT, "/dev/shm").
--define(PREFIX, "kem-").
-
-%% @doc Create this node's directory and sweep those of dead nodes.
--spec init() -> ok.
-init() ->
-    case filelib:is_dir(?ROOT) of
-        false -> ok;
-        true ->
-            sweep_stale(),
-            ok = filelib:ensure_dir(filename:join(dir(), "x")),
-            ok
-    end.
-
-%% @doc This node's directory, passed to the ports as KEM_SHM_DIR.
--spec dir() -> string().
-dir() ->
-    filename:join(?ROOT, ?PREFIX ++ os:getpid()).
+-define(RETRY_DELETE_MS, 3000).
 
 %% @doc Call Port with Method/Args, through files when the input is large.
 -spec call(atom() | pid(), atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Port, Method, Args, Timeout) ->
-    case as_execute(Method, Args) of
-        {ok, Kernel, Input, Opts} ->
-            case use_shm(Input) of
-                true -> via_files(Port, Kernel, Input, Opts, Timeout);
+    case {as_execute(Method, Args), kem_shm_dir:path()} of
+        {{ok, Kernel, Input, Opts}, Dir} when is_list(Dir) ->
+            case large(Input) of
+                true -> via_transfer(Dir, Port, {Method, Args, Kernel, Input, Opts}, Timeout);
                 false -> kem_port:call(Port, Method, Args, Timeout)
             end;
-        direct ->
+        _ ->
             kem_port:call(Port, Method, Args, Timeout)
     end.
 
-use_shm(Input) ->
+large(Input) ->
     Threshold = application:get_env(kem, shm_threshold, 1 bsl 20),
-    is_integer(Threshold) andalso byte_size(Input) >= Threshold andalso filelib:is_dir(dir()).
+    is_integer(Threshold) andalso byte_size(Input) >= Threshold.
 
 %% The three kernel methods as one `execute' with options.
 as_execute(execute_kernel, {K, I, Hint}) when is_binary(I), is_integer(Hint) ->
@@ -56,39 +48,66 @@ as_execute(execute, {K, I, Opts}) when is_binary(I), is_map(Opts) ->
 as_execute(_, _) ->
     direct.
 
-via_files(Port, Kernel, Input, Opts, Timeout) ->
-    Base = filename:join(dir(), integer_to_list(erlang:unique_integer([positive]))),
-    In = Base ++ ".in",
-    Out = Base ++ ".out",
-    try
-        ok = file:write_file(In, Input, [raw]),
-        Args = {Kernel, {shm, list_to_binary(In)}, Opts#{output_shm => list_to_binary(Out)}},
-        case kem_port:call(Port, execute, Args, Timeout) of
-            {ok, {shm, _Path, Size}} ->
-                case file:read_file(Out) of
-                    {ok, Bin} when byte_size(Bin) =:= Size -> {ok, Bin};
-                    {ok, Bin} -> {error, {shm_error, size_note(Size, byte_size(Bin))}};
-                    {error, Reason} -> {error, {shm_error, atom_to_binary(Reason, utf8)}}
-                end;
-            Other ->
-                Other
-        end
+%% Run the transfer in its own process (monitored, not linked) and wait.
+via_transfer(Dir, Port, Request, Timeout) ->
+    Caller = self(),
+    Tag = make_ref(),
+    {Pid, MRef} = spawn_monitor(fun() -> Caller ! {Tag, transfer(Dir, Port, Request, Timeout)} end),
+    receive
+        {Tag, Result} ->
+            erlang:demonitor(MRef, [flush]),
+            Result;
+        {'DOWN', MRef, process, Pid, _Why} ->
+            {error, {shm_error, <<"the transfer process failed">>}}
+    end.
+
+transfer(Dir, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
+    Base = filename:join(Dir, integer_to_list(erlang:unique_integer([positive]))),
+    {In, Out} = {Base ++ ".in", Base ++ ".out"},
+    Started = erlang:monotonic_time(millisecond),
+    Pipe = fun() -> kem_port:call(Port, Method, Args, left(Timeout, Started)) end,
+    try kem_shm_dir:write_private(In, Input) of
+        ok ->
+            ShmArgs = {Kernel, {shm, list_to_binary(In)}, Opts#{output_shm => list_to_binary(Out)}},
+            Result = kem_port:call(Port, execute, ShmArgs, Timeout),
+            _ = file:delete(In),
+            retry_delete_if_port_lost(Result, Out),
+            answer(Result, Out, Pipe);
+        {error, Reason} ->
+            _ = file:delete(In),
+            logger:notice("kem_shm: cannot write an input file (~0p); using the port pipe", [Reason]),
+            Pipe()
     after
         _ = file:delete(In),
         _ = file:delete(Out)
     end.
 
-size_note(Want, Got) ->
-    iolist_to_binary(io_lib:format("result file has ~b bytes, the port wrote ~b", [Got, Want])).
+answer({ok, {shm, _Path, Size}}, Out, _Pipe) ->
+    read_result(Out, Size);
+answer({error, {shm_error, _}}, _Out, Pipe) ->
+    %% The port could not write the result file (tmpfs full): the pipe.
+    Pipe();
+answer(Other, _Out, _Pipe) ->
+    Other.
 
-sweep_stale() ->
-    Dirs = filelib:wildcard(filename:join(?ROOT, ?PREFIX ++ "*")),
-    [file:del_dir_r(D) || D <- Dirs, stale(D)],
+%% A port killed on a timeout may still be writing for up to the owner's
+%% kill -9 backstop (2 s): delete its file again after that.
+retry_delete_if_port_lost({error, {Reason, _}}, Out)
+        when Reason =:= timeout; Reason =:= port_exited; Reason =:= port_restarted ->
+    _ = timer:apply_after(?RETRY_DELETE_MS, file, delete, [Out]),
+    ok;
+retry_delete_if_port_lost(_, _) ->
     ok.
 
-stale(Dir) ->
-    ?PREFIX ++ Pid = filename:basename(Dir),
-    case string:to_integer(Pid) of
-        {N, []} when is_integer(N) -> not filelib:is_dir("/proc/" ++ Pid);
-        _ -> false
+left(infinity, _Started) -> infinity;
+left(Timeout, Started) -> max(1, Timeout - (erlang:monotonic_time(millisecond) - Started)).
+
+read_result(Out, Size) ->
+    case file:read_file(Out) of
+        {ok, Bin} when byte_size(Bin) =:= Size -> {ok, Bin};
+        {ok, Bin} -> {error, {shm_error, size_note(Size, byte_size(Bin))}};
+        {error, Reason} -> {error, {shm_error, <<"cannot read the result file: ", (atom_to_binary(Reason, utf8))/binary>>}}
     end.
+
+size_note(Want, Got) ->
+    iolist_to_binary(io_lib:format("result file has ~b bytes, the port wrote ~b", [Got, Want])).

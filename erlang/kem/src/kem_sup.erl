@@ -15,7 +15,9 @@ port_names() ->
     [port_name(I) || I <- lists:seq(1, port_count())].
 
 init([]) ->
-    ok = kem_shm:init(),
+    %% The shared-memory directory is made here and handed to its owner and
+    %% to every port owner: no port owner looks it up (kem_shm_dir).
+    ShmDir = kem_shm_dir:create(),
     Count = port_count(),
     Counter = atomics:new(1, [{signed, false}]),
     persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),
@@ -25,17 +27,21 @@ init([]) ->
                 modules => [kem_metrics]},
     Ports = [
         #{id => port_name(I),
-          start => {kem_port, start_link, [port_name(I), I]},
+          start => {kem_port, start_link, [port_name(I), I, dir_or_undefined(ShmDir)]},
           restart => permanent,
           shutdown => 5000,
           type => worker,
           modules => [kem_port]}
      || I <- lists:seq(1, Count)],
+    Owners = [#{id => kem_shm_dir, start => {kem_shm_dir, start_link, [ShmDir]}},
+              #{id => kem_quarantine, start => {kem_quarantine, start_link, []}}],
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
-    Children = [Metrics | Ports] ++ [Session],
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
-    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, Children}}.
+    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, [Metrics | Owners ++ Ports] ++ [Session]}}.
+
+dir_or_undefined({ok, Dir}) -> Dir;
+dir_or_undefined({error, _}) -> undefined.
 
 port_count() ->
     case application:get_env(kem, ports, 1) of

@@ -18,7 +18,8 @@ fn main() {
 faults_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 120, fun runaway_kernel_is_contained/0},
-      {timeout, 120, fun crash_figures/0}]}.
+      {timeout, 120, fun crash_figures/0},
+      {timeout, 120, fun runaway_kernel_is_quarantined/0}]}.
 
 start() ->
     Dir = filename:join("/tmp", "kem_faults_" ++ os:getpid()),
@@ -116,3 +117,53 @@ crash_figures() ->
     ?assert(Back - Killed =< 2000).
 
 double_ref(Input) -> kem_ref:double_ref(Input, byte_size(Input)).
+
+%% Fair sharing: after one call of the runaway kernel timed out (a full
+%% default timeout), its repeats are refused at once instead of taking a
+%% port each for a whole timeout; bystanders on both ports keep being
+%% served meanwhile. (On ee981ec the four repeats took both ports.)
+runaway_kernel_is_quarantined() ->
+    {ok, Default} = application:get_env(kem, timeout),
+    ok = application:set_env(kem, timeout, 1000),
+    Runaway = fun() -> kem:execute(<<"runaway">>, <<0:32>>, #{workgroups => {65535, 65535, 1}}) end,
+    try
+        ?assertMatch({error, {timeout, _}}, Runaway()),
+        [ok = wait_ping(P, 10000) || P <- kem_sup:port_names()],
+        Parent = self(),
+        Bystanders = [spawn_link(fun() -> Parent ! {self(), bystander_loop(now_ms() + 1500, 0, [])} end)
+                      || _ <- lists:seq(1, 4)],
+        T0 = now_ms(),
+        Repeats = [spawn_link(fun() -> Parent ! {self(), Runaway(), now_ms()} end) || _ <- lists:seq(1, 4)],
+        Refusals = [receive {R, Result, At} -> {Result, At - T0} end || R <- Repeats],
+        Served = [receive {B, Counts} -> Counts end || B <- Bystanders],
+        Ok = lists:sum([N || {N, _} <- Served]),
+        Errors = lists:append([E || {_, E} <- Served]),
+        io:format(user, "~nquarantine: 4 repeats of the runaway kernel refused within ~b ms; "
+                        "bystanders on 2 ports meanwhile: ~b calls ok, ~b errors~n",
+                  [lists:max([Ms || {_, Ms} <- Refusals]), Ok, length(Errors)]),
+        [?assertMatch({{error, {quarantined, _}}, _}, R) || R <- Refusals],
+        ?assert(lists:max([Ms || {_, Ms} <- Refusals]) < 500),
+        ?assertEqual([], Errors),
+        ?assert(Ok > 0),
+        %% A kernel that has not timed out is not touched.
+        ?assertEqual(ok, kem_quarantine:check(<<"double">>))
+    after
+        application:set_env(kem, timeout, Default)
+    end.
+
+bystander_loop(Until, Ok, Errors) ->
+    case now_ms() < Until of
+        false -> {Ok, Errors};
+        true ->
+            Input = crypto:strong_rand_bytes(1 + rand:uniform(4096)),
+            %% Their own timeout: the test shortened the default to 1 s.
+            case kem:execute(<<"double">>, Input, #{timeout => 10000}) of
+                {ok, Out} ->
+                    case Out =:= double_ref(Input) of
+                        true -> bystander_loop(Until, Ok + 1, Errors);
+                        false -> bystander_loop(Until, Ok, [wrong_answer | Errors])
+                    end;
+                Error ->
+                    bystander_loop(Until, Ok, [Error | Errors])
+            end
+    end.

@@ -1,0 +1,136 @@
+%%% @doc Argument checks of the public Erlang API (`kem').
+%%%
+%%% A caller inside the node can pass any term. Every argument of a kernel
+%%% call is checked here, in Erlang, before anything is framed for a port:
+%%% a bad one is `{error, {bad_args, Detail}}' (or `too_large'), never an
+%%% exception, and never a term that reaches a port owner or a port.
+%%% Sizes are only bounded here (so a number with a million digits is not
+%%% sent to the port's decoder); the port checks them against its limits.
+-module(kem_args).
+
+-export([call/3, execute_opts/1, timeout/1, output_size/3]).
+
+%% The longest timeout a call may ask for: longer ones are mistakes, and an
+%% unchecked one beyond 2^32 - 1 ms would crash the port owner's timer.
+-define(MAX_TIMEOUT_MS, 3600000).
+%% No size or hint above this is sent to a port (256 TiB: far over any
+%% limit kem has, far under a number that is costly to decode).
+-define(MAX_SIZE, (1 bsl 48)).
+-define(MAX_WORKGROUPS, (1 bsl 32)).
+-define(MAX_ENTRY_POINT, 128).
+-define(IS_GROUPS(N), (is_integer(N) andalso N >= 1 andalso N =< ?MAX_WORKGROUPS)).
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
+
+-type error() :: {error, {bad_args | too_large, binary()}}.
+-export_type([error/0]).
+
+%% @doc Check a call as `kem:call/3' receives it.
+-spec call(term(), term(), term()) -> ok | error().
+call(Method, Args, Timeout) when is_atom(Method), is_tuple(Args) ->
+    first_error([fun() -> timeout(Timeout) end, fun() -> kernel_args(Method, Args) end]);
+call(_Method, _Args, _Timeout) ->
+    bad(<<"call(Method :: atom(), Args :: tuple(), Timeout)">>).
+
+%% @doc A timeout in ms: 1 .. 3,600,000, or `infinity'.
+-spec timeout(term()) -> ok | error().
+timeout(infinity) -> ok;
+timeout(T) when is_integer(T), T >= 1, T =< ?MAX_TIMEOUT_MS -> ok;
+timeout(_) -> bad(<<"timeout must be an integer of 1..3600000 ms or infinity">>).
+
+%% @doc Split `kem:execute/3''s options into the timeout, the caller's
+%% output budget, whether usage is wanted and the options for the port,
+%% each one checked.
+-spec execute_opts(map()) ->
+    {ok, timeout() | default, non_neg_integer() | infinity, boolean(), map()} | error().
+execute_opts(Opts) ->
+    {Timeout, Rest1} = take(timeout, Opts, default),
+    {Budget, Rest2} = take(max_output_bytes, Rest1, infinity),
+    {Usage, PortOpts} = take(usage, Rest2, false),
+    first_error([fun() -> case Timeout of default -> ok; _ -> timeout(Timeout) end end,
+                 fun() -> budget(Budget) end,
+                 fun() -> case is_boolean(Usage) of true -> ok; false -> bad(<<"usage must be true or false">>) end end,
+                 fun() -> port_opts(PortOpts) end],
+                {ok, Timeout, Budget, Usage, PortOpts}).
+
+%% @doc The output size a checked kernel call asks for.
+-spec output_size(atom(), binary(), term()) -> non_neg_integer().
+output_size(execute_kernel, Input, Hint) -> byte_size(Input) * Hint;
+output_size(execute_kernel_with_params, Input, _Params) -> byte_size(Input);
+output_size(execute, _Input, #{output_size := Size}) -> Size;
+output_size(execute, Input, Opts) -> byte_size(Input) * maps:get(output_size_hint, Opts, 1).
+
+%%% internals
+
+take(Key, Map, Default) ->
+    case maps:take(Key, Map) of
+        {Value, Rest} -> {Value, Rest};
+        error -> {Default, Map}
+    end.
+
+budget(infinity) -> ok;
+budget(N) when is_integer(N), N >= 0, N =< ?MAX_SIZE -> ok;
+budget(_) -> bad(<<"max_output_bytes must be an integer >= 0">>).
+
+kernel_args(Method, Args) ->
+    case lists:member(Method, ?KERNEL_METHODS) of
+        true -> kernel_args1(Method, Args);
+        false -> ok
+    end.
+
+kernel_args1(Method, {K, I, Third}) when is_binary(K), is_binary(I) ->
+    third(Method, Third);
+kernel_args1(execute_kernel, _) ->
+    bad(<<"execute_kernel takes {KernelId :: binary(), Input :: binary(), OutputSizeHint :: pos_integer()}">>);
+kernel_args1(execute_kernel_with_params, _) ->
+    bad(<<"execute_kernel_with_params takes {KernelId :: binary(), Input :: binary(), Params :: binary()}">>);
+kernel_args1(execute, _) ->
+    bad(<<"execute takes {KernelId :: binary(), Input :: binary(), Opts :: map()}">>).
+
+third(execute_kernel, Hint) -> hint(Hint);
+third(execute_kernel_with_params, P) when is_binary(P) -> ok;
+third(execute_kernel_with_params, _) -> bad(<<"Params must be a binary">>);
+third(execute, Opts) when is_map(Opts) -> port_opts(Opts);
+third(execute, _) -> bad(<<"Opts must be a map">>).
+
+port_opts(Opts) ->
+    case maps:size(Opts) > 8 of
+        true -> bad(<<"too many options">>);
+        false ->
+            case maps:is_key(output_size, Opts) andalso maps:is_key(output_size_hint, Opts) of
+                true -> bad(<<"give output_size or output_size_hint, not both">>);
+                false -> first_error([fun() -> opt(K, V) end || {K, V} <- maps:to_list(Opts)])
+            end
+    end.
+
+opt(output_size_hint, V) -> hint(V);
+opt(output_size, V) when is_integer(V), V >= 0, V =< ?MAX_SIZE -> ok;
+opt(output_size, V) when is_integer(V), V > ?MAX_SIZE -> too_large(<<"output_size is over any limit">>);
+opt(output_size, _) -> bad(<<"output_size must be an integer >= 0">>);
+opt(params, V) when is_binary(V) -> ok;
+opt(params, _) -> bad(<<"params must be a binary">>);
+opt(workgroups, {X, Y, Z}) when ?IS_GROUPS(X), ?IS_GROUPS(Y), ?IS_GROUPS(Z) -> ok;
+opt(workgroups, _) -> bad(<<"workgroups must be {X, Y, Z} of integers 1..2^32">>);
+opt(entry_point, V) when is_atom(V) -> ok;
+opt(entry_point, V) when is_binary(V), byte_size(V) =< ?MAX_ENTRY_POINT -> ok;
+opt(entry_point, _) -> bad(<<"entry_point must be an atom or a binary of at most 128 bytes">>);
+opt(timeout, _) -> bad(<<"timeout is an option of kem:execute/3, not of a port call">>);
+opt(Key, _) when is_atom(Key) ->
+    bad(<<"unknown option ", (atom_to_binary(Key, utf8))/binary,
+          "; known: output_size_hint, output_size, params, workgroups, entry_point, timeout, max_output_bytes, usage">>);
+opt(_, _) -> bad(<<"option keys are atoms">>).
+
+hint(V) when is_integer(V), V >= 1, V =< ?MAX_SIZE -> ok;
+hint(V) when is_integer(V), V > ?MAX_SIZE -> too_large(<<"output_size_hint is over any limit">>);
+hint(_) -> bad(<<"output_size_hint must be an integer > 0">>).
+
+first_error(Checks) -> first_error(Checks, ok).
+
+first_error([], Ok) -> Ok;
+first_error([Check | Rest], Ok) ->
+    case Check() of
+        ok -> first_error(Rest, Ok);
+        Error -> Error
+    end.
+
+bad(Detail) -> {error, {bad_args, Detail}}.
+too_large(Detail) -> {error, {too_large, Detail}}.

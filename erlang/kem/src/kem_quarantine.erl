@@ -1,0 +1,78 @@
+%%% @doc Fair sharing: a kernel whose call timed out is quarantined.
+%%%
+%%% A call past its timeout costs its port a restart (`kill_on_timeout'),
+%%% and every caller on that port an error. A runaway kernel sent again and
+%%% again would take a port for a whole timeout each time, and two of them
+%%% every port. So a kernel (by id) whose call timed out is refused at once,
+%%% with reason `quarantined', for `quarantine_ms' (app env, default 60 s;
+%%% 0 turns it off). The first call of a new runaway kernel still costs one
+%%% timeout; its repeats cost nothing.
+%%%
+%%% An ETS table read by the callers themselves (no message on the hot
+%%% path: one lookup per kernel call); this server only owns it.
+-module(kem_quarantine).
+-behaviour(gen_server).
+
+-export([start_link/0, check/1, add/1]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+
+-define(TABLE, ?MODULE).
+%% Expired entries are dropped when the table grows past this many ids: an
+%% attacker pays a whole timeout per entry, so it stays small.
+-define(PRUNE_AT, 1000).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc `ok', or the refusal for a quarantined kernel.
+-spec check(binary()) -> ok | {error, {quarantined, binary()}}.
+check(KernelId) ->
+    Now = now_ms(),
+    try ets:lookup(?TABLE, KernelId) of
+        [{_, Until}] when Until > Now ->
+            {error, {quarantined, iolist_to_binary(
+                io_lib:format("this kernel's last call timed out; it is refused for another ~b s",
+                              [(Until - Now + 999) div 1000]))}};
+        _ -> ok
+    catch
+        error:badarg -> ok  % the app is not running: nothing is quarantined
+    end.
+
+%% @doc Quarantine KernelId for `quarantine_ms' from now.
+-spec add(binary()) -> ok.
+add(KernelId) ->
+    case application:get_env(kem, quarantine_ms, 60000) of
+        Ms when is_integer(Ms), Ms > 0 ->
+            try
+                ets:insert(?TABLE, {KernelId, now_ms() + Ms}),
+                prune(ets:info(?TABLE, size))
+            catch
+                error:badarg -> ok
+            end,
+            ok;
+        _ ->
+            ok
+    end.
+
+prune(Size) when Size > ?PRUNE_AT ->
+    Now = now_ms(),
+    _ = ets:select_delete(?TABLE, [{{'_', '$1'}, [{'=<', '$1', Now}], [true]}]),
+    ok;
+prune(_) ->
+    ok.
+
+now_ms() -> erlang:monotonic_time(millisecond).
+
+init([]) ->
+    _ = ets:new(?TABLE, [named_table, public, set, {read_concurrency, true}]),
+    {ok, #{}}.
+
+handle_call(_Request, _From, State) ->
+    {reply, {error, {bad_args, <<"kem_quarantine takes no calls">>}}, State}.
+
+handle_cast(_Msg, State) ->
+    {noreply, State}.
+
+handle_info(_Msg, State) ->
+    {noreply, State}.
