@@ -4,11 +4,21 @@ For large payloads the node puts the input in a file in its shared-memory
 directory (``KEM_SHM_DIR``, a tmpfs) and sends ``{shm, Path}``; it may also
 name a file there for the result (``output_shm``). Paths must resolve
 inside that directory and nowhere else.
+
+Nothing there is taken on trust (docs/reliability.md, "Hostile callers and
+a hostile host"): the directory must be what the node's kem_shm_dir makes
+(a real directory of this user that no one else may enter) or transfers are
+off; an input is opened without following links and without blocking, and
+must be a regular file (a FIFO planted there would hang the reader, a device
+would feed it without end); a result file is created exclusively, never
+written over or through something already at that name.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +27,8 @@ from kem_port.framing import read_into, write_all
 from kem_port.gpu.calls import FileInput
 from kem_port.gpu.plan import PACK_LIMIT
 from kem_port.terms import binary_bytes
+
+log = logging.getLogger("kem_port.shm")
 
 # From this size an input stays in its file until its batch is encoded, and
 # is then read straight into a mapped upload buffer (gpu/plan.py): on the
@@ -27,7 +39,7 @@ READ_LATE = 4 * PACK_LIMIT
 
 class SharedMemory:
     def __init__(self, directory: Path | None, max_input_bytes: int) -> None:
-        self.directory = directory
+        self.directory = private_directory(directory)
         self.max_input_bytes = max_input_bytes
 
     def path(self, value: Any) -> str:
@@ -45,11 +57,14 @@ class SharedMemory:
         bytes, or from READ_LATE up the file itself, read at encoding."""
         path = self.path(value)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise bad_args("the shared-memory input is not a regular file")
+            size = info.st_size
             if size > self.max_input_bytes:
                 raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={self.max_input_bytes}")
             if size >= READ_LATE:
@@ -68,10 +83,26 @@ def write_result(path: str, view: memoryview) -> None:
     """The result into the file the node named (one copy from the mapped
     staging buffer into tmpfs); the node deletes the file. Raises KemError."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             write_all(fd, [view])
         finally:
             os.close(fd)
     except OSError as exc:
         raise KemError("shm_error", f"cannot write the result: {exc.strerror}") from None
+
+
+def private_directory(directory: Path | None) -> Path | None:
+    """`directory` if it is a real directory of this user that no one else
+    may enter (what the node's kem_shm_dir makes), else None: transfers
+    are off and the node's payloads take the pipe."""
+    if directory is None:
+        return None
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        log.warning("KEM_SHM_DIR is not a private directory of this user: shared-memory transfers are off")
+        return None
+    return directory

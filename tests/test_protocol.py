@@ -263,7 +263,7 @@ def test_shared_memory_transfer(tmp_path, rng):
     """{shm, Path} input and output_shm, as Erlang's kem_shm sends them; paths
     outside KEM_SHM_DIR are refused."""
     shm = tmp_path / "shm"
-    shm.mkdir()
+    shm.mkdir(mode=0o700)  # private, as kem_shm_dir makes it (tests/test_shm.py)
     data = rng.integers(0, 256, 3 * 1024 * 1024 + 3, dtype=np.uint8).tobytes()
     (shm / "1.in").write_bytes(data)
     (tmp_path / "outside.in").write_bytes(data)

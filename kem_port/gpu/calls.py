@@ -8,6 +8,7 @@ layer knows nothing of frames or terms.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,10 +34,14 @@ class FileInput:
     def read_into(self, view: memoryview) -> None:
         """Fill view[:size] from the file; bad_args if it is shorter now."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+            # As kem_port/shm.py opens it: no link followed, no wait on a
+            # FIFO, and only a regular file is read.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
             raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise bad_args("the shared-memory input is not a regular file")
             got = 0
             while got < self.size:
                 n = os.readv(fd, [view[got : self.size]])

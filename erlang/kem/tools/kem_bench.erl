@@ -17,7 +17,7 @@ run(Mode, OutFile) ->
     {ok, Info} = kem_json:decode(InfoJson),
     Limit = maps:get(<<"max_storage_buffer_binding_size">>, maps:get(<<"limits">>, Info)),
     <<2, 6, 10, 14>> = kem_nif:execute_kernel(?DOUBLE, ?SMALL, 1),
-    {ok, Echo} = kem_port:start_module("kem_port.echo"),
+    {ok, Echo} = kem_port:start_script(repo_tool("echo_port.py")),
     EchoCall = fun(Bin) -> {ok, _} = kem_port:call(Echo, execute_kernel, {?DOUBLE, Bin, 1}, 60000) end,
     KemCall = fun(Bin) -> {ok, _} = kem:call(execute_kernel, {?DOUBLE, Bin, 1}, 60000) end,
     {ok, Before} = kem:stats(),
@@ -92,10 +92,23 @@ bulk(Call, MB, Reps) ->
     (MB bsl 20) / (lists:nth((Reps + 1) div 2, Times) / 1.0e6) / 1.0e9.
 
 seed_design(Calls) ->
-    Cmd = kem_port:python_executable() ++ " -m kem_port.seed_design " ++ integer_to_list(Calls) ++ " 2>/dev/null",
+    Cmd = kem_port:python_executable() ++ " " ++ repo_tool("seed_design.py") ++ " " ++ integer_to_list(Calls) ++ " 2>/dev/null",
     Lines = string:split(string:trim(os:cmd(Cmd)), "\n", all),
     {ok, Map} = kem_json:decode(list_to_binary(lists:last(Lines))),
     Map.
+
+%% A script of the repository's tools/ (not installed with the package),
+%% found upward from this module: erlang/kem/tools holds only Erlang.
+repo_tool(Name) ->
+    find_tool(filename:dirname(filename:absname(code:which(?MODULE))), Name).
+
+find_tool(Dir, Name) ->
+    Candidate = filename:join([Dir, "tools", Name]),
+    case filelib:is_regular(Candidate) of
+        true -> Candidate;
+        false when Dir =:= "/" -> error({tool_not_found, Name});
+        false -> find_tool(filename:dirname(Dir), Name)
+    end.
 
 ratio(Key, A, B) ->
     case {proplists:get_value(Key, A), proplists:get_value(Key, B)} of
