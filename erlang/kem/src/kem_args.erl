@@ -20,6 +20,15 @@
 -define(MAX_ENTRY_POINT, 128).
 -define(IS_GROUPS(N), (is_integer(N) andalso N >= 1 andalso N =< ?MAX_WORKGROUPS)).
 -define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
+%% The port's own default for max_input_bytes (kem_port/config.py): an
+%% input over the port's limit would make a frame the port cannot read and
+%% can answer to no caller, so that caller would wait out its timeout and
+%% cost the port a restart. Checked here first.
+-define(DEFAULT_MAX_INPUT, (256 bsl 20)).
+-define(DEFAULT_MAX_PARAMS, (64 bsl 10)).
+%% Kernel ids are at most 128 characters (the port's rule); anything much
+%% longer is refused before it makes a frame.
+-define(MAX_KERNEL_ID, 1024).
 
 -type error() :: {error, {bad_args | too_large, binary()}}.
 -export_type([error/0]).
@@ -77,8 +86,13 @@ kernel_args(Method, Args) ->
         false -> ok
     end.
 
+kernel_args1(_Method, {K, _I, _Third}) when is_binary(K), byte_size(K) > ?MAX_KERNEL_ID ->
+    {error, {invalid_kernel_id, <<"a kernel id is 1-128 letters, digits, '-' or '_'">>}};
 kernel_args1(Method, {K, I, Third}) when is_binary(K), is_binary(I) ->
-    third(Method, Third);
+    case byte_size(I) =< limit(max_input_bytes, ?DEFAULT_MAX_INPUT) of
+        true -> third(Method, Third);
+        false -> too_large(<<"the input is over the port's max_input_bytes">>)
+    end;
 kernel_args1(execute_kernel, _) ->
     bad(<<"execute_kernel takes {KernelId :: binary(), Input :: binary(), OutputSizeHint :: pos_integer()}">>);
 kernel_args1(execute_kernel_with_params, _) ->
@@ -87,7 +101,7 @@ kernel_args1(execute, _) ->
     bad(<<"execute takes {KernelId :: binary(), Input :: binary(), Opts :: map()}">>).
 
 third(execute_kernel, Hint) -> hint(Hint);
-third(execute_kernel_with_params, P) when is_binary(P) -> ok;
+third(execute_kernel_with_params, P) when is_binary(P) -> params(P);
 third(execute_kernel_with_params, _) -> bad(<<"Params must be a binary">>);
 third(execute, Opts) when is_map(Opts) -> port_opts(Opts);
 third(execute, _) -> bad(<<"Opts must be a map">>).
@@ -106,7 +120,7 @@ opt(output_size_hint, V) -> hint(V);
 opt(output_size, V) when is_integer(V), V >= 0, V =< ?MAX_SIZE -> ok;
 opt(output_size, V) when is_integer(V), V > ?MAX_SIZE -> too_large(<<"output_size is over any limit">>);
 opt(output_size, _) -> bad(<<"output_size must be an integer >= 0">>);
-opt(params, V) when is_binary(V) -> ok;
+opt(params, V) when is_binary(V) -> params(V);
 opt(params, _) -> bad(<<"params must be a binary">>);
 opt(workgroups, {X, Y, Z}) when ?IS_GROUPS(X), ?IS_GROUPS(Y), ?IS_GROUPS(Z) -> ok;
 opt(workgroups, _) -> bad(<<"workgroups must be {X, Y, Z} of integers 1..2^32">>);
@@ -122,6 +136,20 @@ opt(_, _) -> bad(<<"option keys are atoms">>).
 hint(V) when is_integer(V), V >= 1, V =< ?MAX_SIZE -> ok;
 hint(V) when is_integer(V), V > ?MAX_SIZE -> too_large(<<"output_size_hint is over any limit">>);
 hint(_) -> bad(<<"output_size_hint must be an integer > 0">>).
+
+params(P) ->
+    case byte_size(P) =< limit(max_params_bytes, ?DEFAULT_MAX_PARAMS) of
+        true -> ok;
+        false -> too_large(<<"params are over the port's max_params_bytes">>)
+    end.
+
+%% A port setting from the app env (passed to the port as KEM_<KEY>), else
+%% the port's default.
+limit(Key, Default) ->
+    case application:get_env(kem, Key) of
+        {ok, N} when is_integer(N), N > 0 -> N;
+        _ -> Default
+    end.
 
 first_error(Checks) -> first_error(Checks, ok).
 

@@ -55,11 +55,13 @@ online_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun bad_terms_cannot_crash_the_port_owner/0},
       {timeout, 120, fun random_terms_never_raise_online/0},
-      {timeout, 60, fun request_output_budget/0}]}.
+      {timeout, 60, fun request_output_budget/0},
+      {timeout, 60, fun an_input_over_the_port_limit_is_refused_in_erlang/0}]}.
 
 start() ->
     ok = application:load(kem),
     ok = application:set_env(kem, request_max_output_bytes, 1000),
+    ok = application:set_env(kem, max_input_bytes, 8192),
     {ok, Apps} = application:ensure_all_started(kem),
     Apps.
 
@@ -113,6 +115,33 @@ request_output_budget() ->
     Body = kem_json:encode(#{<<"kernel_id">> => ?DOUBLE, <<"input_data">> => binary_to_list(Input),
                              <<"output_size_hint">> => 5}),
     ?assertMatch({error, #{<<"status">> := 413}}, dev_kem:execute_kernel(#{}, #{<<"body">> => Body}, #{})).
+
+%% Through the pipe (as when /dev/shm is full) an input over the port's
+%% limit made a frame the port could answer to no caller: the caller waited
+%% out its timeout and the port was restarted. Now: too_large at once.
+an_input_over_the_port_limit_is_refused_in_erlang() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    Threshold = application:get_env(kem, shm_threshold, 1 bsl 20),
+    ok = application:set_env(kem, shm_threshold, infinity),
+    try
+        %% Over the port's whole frame limit (input + params + 64 KiB).
+        Input = crypto:strong_rand_bytes(300000),
+        {Us, Result} = timer:tc(kem, execute, [?DOUBLE, Input, #{timeout => 3000}]),
+        ?assertMatch({error, {too_large, _}}, Result),
+        ?assert(Us < 1000000),
+        ?assertEqual(OsPid, kem_port:os_pid(Port)),
+        BigParams = crypto:strong_rand_bytes(300000),
+        ?assertMatch({error, {too_large, _}}, kem:execute(?DOUBLE, <<1, 2, 3, 4>>, #{params => BigParams})),
+        ?assertMatch({error, {too_large, _}},
+                     kem:call(execute_kernel_with_params, {<<"pixelize">>, <<1, 2, 3, 4>>, BigParams}, 3000)),
+        ?assertMatch({error, {invalid_kernel_id, _}}, kem:execute(BigParams, <<1, 2, 3, 4>>, #{})),
+        ?assertEqual(OsPid, kem_port:os_pid(Port)),
+        Fits = crypto:strong_rand_bytes(8192),
+        ?assertEqual({ok, kem_ref:double_ref(Fits, 8192)}, kem:execute(?DOUBLE, Fits, #{}))
+    after
+        application:set_env(kem, shm_threshold, Threshold)
+    end.
 
 wait_for_service(Left) when Left =< 0 -> timeout;
 wait_for_service(Left) ->
