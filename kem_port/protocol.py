@@ -27,6 +27,13 @@ INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "stats", "config",
 EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
 
 
+def version_info() -> dict:
+    """What the `version` method answers: the node compares both at start-up."""
+    from kem_port import __version__
+
+    return {"package": __version__, "protocol": PROTOCOL_VERSION}
+
+
 @dataclass(frozen=True)
 class Call:
     req_id: int

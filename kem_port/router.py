@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kem_port import __version__, shm, terms
+from kem_port import shm, terms
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter
@@ -31,7 +31,7 @@ from kem_port.session_methods import SessionMethods
 from kem_port.protocol import (
     INLINE_METHODS,
     KERNEL_METHODS,
-    PROTOCOL_VERSION,
+    version_info,
     RequestError,
     Shm,
     kernel_call,
@@ -124,7 +124,7 @@ class Router:
         elif method == "hello":
             self.reply_ok(req_id, b"Hello world!")
         elif method == "version":
-            self.reply_ok(req_id, {"package": __version__, "protocol": PROTOCOL_VERSION})
+            self.reply_ok(req_id, version_info())
         elif method == "adapter_info":
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))

@@ -17,6 +17,7 @@ def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
     from kem_port import terms
     from kem_port.framing import FrameWriter, read_frame
+    from kem_port.protocol import version_info
 
     writer = FrameWriter(out_fd)
     while True:
@@ -27,6 +28,8 @@ def main() -> int:
         name = terms.atom_name(method)
         if name in ("execute_kernel", "execute_kernel_with_params", "execute"):
             writer.write(terms.ok_binary_reply(req_id, terms.binary_bytes(args[1])))
+        elif name == "version":  # the node's start-up check, as the real port answers it
+            writer.write([terms.ok_reply(req_id, version_info())])
         else:
             writer.write([terms.ok_reply(req_id, terms.atom("pong"))])
 
