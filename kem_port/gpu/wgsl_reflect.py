@@ -16,6 +16,8 @@ from functools import lru_cache
 import tree_sitter_wgsl_bevy
 from tree_sitter import Language, Node, Parser
 
+from kem_port.gpu.wgsl_layout import UniformSizes
+
 
 @dataclass(frozen=True)
 class Binding:
@@ -24,6 +26,7 @@ class Binding:
     name: str
     address_space: str  # "storage", "uniform", ... ("" if not written)
     access: str  # "read", "read_write" or "" (uniform / default)
+    min_size: int | None = None  # a uniform's type size (wgsl_layout), None if unknown
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def _builtins(fn: Node) -> list[str]:
     return found
 
 
-def _binding(node: Node) -> Binding | None:
+def _binding(node: Node, sizes: UniformSizes) -> Binding | None:
     group = index = None
     for attr, args in _attributes(node):
         if attr in ("group", "binding") and args and args[0].type == "int_literal":
@@ -122,6 +125,7 @@ def _binding(node: Node) -> Binding | None:
     if group is None or index is None:
         return None
     space = access = name = ""
+    type_node = None
     for sub in _walk(node):
         if sub.type == "address_space":
             space = sub.text.decode()
@@ -130,7 +134,9 @@ def _binding(node: Node) -> Binding | None:
         elif sub.type == "variable_identifier_declaration" and not name:
             ident = sub.child(0)
             name = ident.text.decode() if ident is not None else ""
-    return Binding(group, index, name, space, access)
+            type_node = next((c for c in sub.children if c.type == "type_declaration"), None)
+    min_size = sizes.size_of(type_node) if space == "uniform" else None
+    return Binding(group, index, name, space, access, min_size)
 
 
 def _walk(node: Node):
@@ -146,13 +152,14 @@ def reflect(source: str) -> KernelShape:
     tree = _parser().parse(source.encode("utf-8"))
     entries: dict[str, EntryPoint] = {}
     bindings: list[Binding] = []
+    sizes = UniformSizes(tree.root_node)
     for node in tree.root_node.children:
         if node.type == "function_declaration":
             ep = _entry_point(node)
             if ep is not None:
                 entries[ep.name] = ep
         elif node.type == "global_variable_declaration":
-            b = _binding(node)
+            b = _binding(node, sizes)
             if b is not None:
                 bindings.append(b)
     return KernelShape(entries, tuple(bindings))
