@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from kem_port.admission.guard import guard_from_config
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter, OversizedFrame, read_frame
@@ -47,7 +48,7 @@ def serve(in_fd: int, out_fd: int) -> int:
     except Exception as exc:  # keep serving: kernel calls will say no_adapter
         log.error("no GPU device: %s", exc)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
-    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd))
+    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd), guard_from_config(config, stats))
     router.start()
     try:
         while True:
