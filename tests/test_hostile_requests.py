@@ -133,3 +133,13 @@ def test_huge_hint_through_the_port_is_too_large_and_bystanders_are_served(rng):
             assert err.value.reason == "too_large"
             expected = (words * np.uint32(2)).tobytes()
             assert port.call("execute_kernel", b"double", data, 1) == expected
+
+
+def test_an_oversized_frame_is_answered_to_its_caller(rng):
+    with start_port(KEM_MAX_INPUT_BYTES="4096") as port:
+        big = lambda req_id: call_frame(req_id, "execute_kernel", terms.Binary(b"double"), terms.Binary(bytes(1 << 20)), 1)
+        with pytest.raises(PortError) as err:
+            port.call_raw(big, timeout=30)
+        assert err.value.reason == "too_large"
+        words = rng.integers(0, 2**32, 1024, dtype=np.uint32)
+        assert port.call("execute_kernel", b"double", words.tobytes(), 1) == (words * np.uint32(2)).tobytes()
