@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -90,6 +91,16 @@ class PortClient:
         term = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
         self.send_raw(terms.encode(term))
         return fut
+
+    def call_raw(self, build: Callable[[int], bytes], timeout: float = 60.0) -> Any:
+        """Send the frame build(ReqId) makes (a hand-made, possibly hostile
+        request) and wait for the reply to that ReqId."""
+        req_id = next(self._ids)
+        fut: Future = Future()
+        with self._lock:
+            self._pending[req_id] = fut
+        self.send_raw(build(req_id))
+        return fut.result(timeout)
 
     def call(self, method: str, *args: Any, timeout: float = 60.0) -> Any:
         """The raw reply: bytes for a binary result, erlang-py terms otherwise

@@ -77,7 +77,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("max_input_bytes", "max_input_bytes", 256 * MiB, _integer(4), "256 MiB", "largest input; refused beyond, before allocating"),
     S("max_params_bytes", "max_params_bytes", 64 * 1024, _integer(16), "64 KiB", "largest params binary"),
     S("kernel_dir", "kernel_dir", None, Path, "–", "`<id>.wgsl` files, searched before the packaged examples"),
-    S("queue_limit", "queue_limit", 1024, _integer(1), "1024", "calls queued per port; beyond, `overloaded` at once"),
+    S("queue_limit", "queue_limit", 1024, _integer(1), "1024", "kernel calls held per port (queued, in flight, or waiting on a fetch or the compile worker); beyond, `overloaded` at once"),
+    S("queue_bytes", "queue_bytes", 1024 * MiB, _integer(1), "1 GiB", "bytes of those calls (the larger of input and output each); beyond, `overloaded` at once"),
     S("max_batch", "max_batch", 64, _integer(1), "64", "most calls in one GPU submission; the batch size adapts below it"),
     S("pool_bytes", "pool_bytes", 1024 * MiB, _integer(0), "1 GiB", "idle GPU buffers kept for reuse"),
     S("gateways", "gateways", GATEWAYS, lambda raw: _list(raw) or list(GATEWAYS), "`https://arweave.net`", "comma-separated gateway base URLs, tried in order"),
@@ -88,6 +89,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("max_kernel_bytes", "max_kernel_bytes", 1 * MiB, _integer(1), "1 MiB", "largest kernel fetched, checked before download"),
     S("fetch_timeout_ms", "fetch_timeout_s", 10.0, _ms_to_s, "10000", "per gateway request"),
     S("fetch_retries", "fetch_retries", 2, _integer(0), "2", "per gateway request"),
+    S("fetch_deadline_ms", "fetch_deadline_s", 30.0, _ms_to_s, "30000", "one fetch, every gateway and retry included; each gateway gets at most its requests' timeouts"),
+    S("gateway_concurrency", "gateway_concurrency", 4, _integer(1), "4", "fetches at once per gateway; a fetch finding none free tries the next gateway"),
+    S("compile_timeout_ms", "compile_timeout_s", 20.0, _ms_to_s, "20000", "wall deadline of a new kernel's compile in the sacrificial worker (docs/security.md)"),
+    S("compile_memory_mb", "compile_memory_mb", 1024, _integer(64), "1024", "memory the compile worker may add to its open device (`RLIMIT_DATA`)"),
+    S("zero_workgroup", "zero_workgroup", "on", _choice("on", "auto", "off"), "`on`", "clear workgroup memory at each entry point (`auto`: only where the worker's probe sees a leak)"),
     S("test_hooks", "test_hooks", False, lambda raw: raw == "1", "off", "`1` enables the `test_hook` method (tests only)"),
     S("gpu_timing", "gpu_timing", "auto", _choice("auto", "on", "off"), "`auto`", "GPU timestamps (`auto`: one batch in 16 on real GPUs, none on CPU adapters; `on`: every batch)"),
     S("hot_path", "hot_path", "auto", _choice("auto", "native", "wrappers"), "`auto`", "a batch's native calls: `native` (wgpu-native's C API), `wrappers` (wgpu-py's objects), `auto` (native when this wgpu-py has what it needs; docs/executor.md)"),
@@ -119,6 +125,7 @@ class Config:
     max_params_bytes: int = _default("max_params_bytes")
     kernel_dir: Path | None = _default("kernel_dir")
     queue_limit: int = _default("queue_limit")
+    queue_bytes: int = _default("queue_bytes")
     max_batch: int = _default("max_batch")
     pool_bytes: int = _default("pool_bytes")
     gateways: list[str] = _default("gateways")
@@ -129,6 +136,11 @@ class Config:
     max_kernel_bytes: int = _default("max_kernel_bytes")
     fetch_timeout_s: float = _default("fetch_timeout_s")
     fetch_retries: int = _default("fetch_retries")
+    fetch_deadline_s: float = _default("fetch_deadline_s")
+    gateway_concurrency: int = _default("gateway_concurrency")
+    compile_timeout_s: float = _default("compile_timeout_s")
+    compile_memory_mb: int = _default("compile_memory_mb")
+    zero_workgroup: str = _default("zero_workgroup")
     test_hooks: bool = _default("test_hooks")
     gpu_timing: str = _default("gpu_timing")
     hot_path: str = _default("hot_path")

@@ -19,11 +19,15 @@ HEADER = struct.Struct(">I")
 _DISCARD_CHUNK = 1 << 20
 
 
+HEAD_KEPT = 64  # of an oversized frame: enough to read the ReqId it names
+
+
 class OversizedFrame(Exception):
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, head: bytes = b"") -> None:
         super().__init__(f"frame of {size} bytes exceeds the {limit}-byte limit")
         self.size = size
         self.limit = limit
+        self.head = head  # its first bytes, so its caller can be answered
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -67,8 +71,9 @@ def read_frame(fd: int, max_size: int) -> bytes | None:
         return None
     (size,) = HEADER.unpack(header)
     if size > max_size:
-        _discard(fd, size)
-        raise OversizedFrame(size, max_size)
+        head = _read_exact(fd, min(size, HEAD_KEPT)) or b""
+        _discard(fd, size - len(head))
+        raise OversizedFrame(size, max_size, head)
     return _read_exact(fd, size)
 
 

@@ -100,7 +100,7 @@ class KernelResolver:
 
     def fetch(self, kernel_id: str) -> KernelSource:
         if self.remote is None or not self.remote.accepts(kernel_id):
-            raise KemError("kernel_not_found", f"no kernel {kernel_id!r} in {self.describe_local()}")
+            raise KemError("kernel_not_found", f"no kernel {kernel_id!r} on this node")
         return self.remote.fetch(kernel_id)
 
     def describe_local(self) -> str:

@@ -18,8 +18,9 @@ from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
 from kem_port.terms import atom_name, binary_bytes
 
-KERNEL_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-ENTRY_POINT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Used with fullmatch: "$" also matches before a trailing newline.
+KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_REQ_ID = (1 << 64) - 1
 PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
@@ -78,7 +79,7 @@ def _kernel_id(value: Any) -> str:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
         raise bad_args("KernelId must be ASCII letters, digits, '-' or '_'") from None
-    if not KERNEL_ID.match(text):
+    if not KERNEL_ID.fullmatch(text):
         raise KemError("invalid_kernel_id", f"{text[:80]!r}: use 1-128 letters, digits, '-' or '_'")
     return text
 
@@ -147,7 +148,7 @@ def _entry_point(value: Any) -> str:
     if name is None:
         raw = binary_bytes(value)
         name = raw.decode("ascii", "replace") if raw is not None else None
-    if name is None or not ENTRY_POINT.match(name):
+    if name is None or not ENTRY_POINT.fullmatch(name):
         raise bad_args("entry_point must be a WGSL identifier (atom or binary)")
     return name
 

@@ -2,12 +2,12 @@
 
 A frame is decoded and its envelope checked; quick methods (ping, hello,
 version, stats, config, adapter_info) are answered on the reader thread.
-Kernel calls are checked, their source resolved (local directories and
-the verified cache inline, a gateway fetch on a worker thread) and handed
-to the GPU loop (gpu_loop.py), which runs them in batches. The queue is
-bounded: when it is full the caller hears ``overloaded`` at once instead of
-waiting on a growing backlog. A lone small call to a compiled kernel may
-run inline on the reader (gpu_loop.py says why).
+Frames are bounded before they are decoded (etf_guard.py). Kernel calls
+are checked (protocol.py) and handed to intake.py: the port's work budget,
+the kernel's source (a gateway fetch on a worker thread), its admission
+(admission/guard.py) and the GPU loop (gpu_loop.py), which runs them in
+batches. Whatever is full answers ``overloaded`` at once instead of letting
+a backlog grow.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kem_port import shm, terms
+from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter
-from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.gpu_loop import SMALL_CALL, Control, GpuLoop, QueueFull
-from kem_port.kernel_store import KernelResolver, KernelSource
+from kem_port.gpu_loop import Control, GpuLoop, QueueFull
+from kem_port.intake import Intake
+from kem_port.kernel_store import KernelResolver
 from kem_port.session_methods import SessionMethods
 from kem_port.protocol import (
     INLINE_METHODS,
@@ -51,6 +52,7 @@ class Router:
         resolver: KernelResolver,
         writer: FrameWriter,
         input_waiting: Callable[[], bool] = lambda: True,
+        guard: CompileGuard | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
@@ -61,8 +63,8 @@ class Router:
         memory = shm.SharedMemory(config.shm_dir, config.max_input_bytes)
         self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
-        self._fetchers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kem-fetch")
-        self.session_methods = SessionMethods(self.loop, executor, resolver, self._fetchers, self)  # docs/sessions.md
+        self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
+        self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self)  # docs/sessions.md
 
     def start(self) -> None:
         self.loop.start()
@@ -93,21 +95,25 @@ class Router:
     def handle_frame(self, frame: bytes) -> None:
         req_id: Any = None
         try:
-            call = parse_call(terms.decode(frame))
+            call = parse_call(terms.decode_request(frame))
             req_id = call.req_id
             self.stats.inc("calls")
             self._route(call.req_id, call.method, call.args)
         except RequestError as exc:
             self.reply_error(exc.req_id, exc.error)
-        except KemError as exc:
-            self.reply_error(req_id, exc)
-        except Exception as exc:  # never let one request take the port down
+        except KemError as exc:  # a refused frame may name its ReqId (etf_guard)
+            self.reply_error(getattr(exc, "req_id", None) if req_id is None else req_id, exc)
+        except Exception:  # never let one request take the port down
             log.exception("internal error")
-            self.reply_error(req_id, KemError("internal", f"{type(exc).__name__}: {exc}"))
+            self.reply_error(req_id, KemError("internal", "internal error (details in the node's log)"))
 
     def _route(self, req_id: int, method: str, args: tuple) -> None:
         if method in KERNEL_METHODS:
-            self._kernel(req_id, kernel_call(method, args, self.config, self.shm))
+            call = kernel_call(method, args, self.config, self.shm)
+            try:
+                self.intake.submit(req_id, call)
+            except KemError as exc:
+                raise RequestError(req_id, exc) from None
         elif method in INLINE_METHODS:
             self._inline(req_id, method, args)
         elif not self.session_methods.handle(req_id, method, args):
@@ -137,77 +143,21 @@ class Router:
     def describe_config(self) -> dict:
         remote = self.resolver.remote.describe() if self.resolver.remote else {}
         return {
-            "kernel_dirs": self.resolver.describe_local(),
+            "kernel_dirs": len(self.resolver.local),  # a count: paths stay in the log
             "max_output_bytes": self.config.max_output_bytes,
             "max_input_bytes": self.config.max_input_bytes,
             "queue_limit": self.config.queue_limit,
+            "queue_bytes": self.config.queue_bytes,
             "max_batch": self.config.max_batch,
             **remote,
         }
 
     def _live_stats(self) -> dict:
-        live: dict[str, Any] = self.loop.describe()
+        live: dict[str, Any] = self.loop.describe() | self.intake.describe()
         live.update(self.executor.describe(), **self.session_methods.describe())
         if self.resolver.remote is not None:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
         return live
-
-    # -- kernel calls -----------------------------------------------------
-
-    def _kernel(self, req_id: int, call: KernelCall) -> None:
-        source = self.resolver.resolve_local(call.kernel_id)
-        if source is not None:
-            self._enqueue(req_id, call, source, may_inline=True)
-            return
-        if not self.resolver.needs_fetch(call.kernel_id):
-            raise RequestError(req_id, KemError("kernel_not_found", f"no kernel {call.kernel_id!r} in {self.resolver.describe_local()}"))
-        self._fetchers.submit(self._fetch_then_enqueue, req_id, call)
-
-    def _fetch_then_enqueue(self, req_id: int, call: KernelCall) -> None:
-        try:
-            source = self.resolver.fetch(call.kernel_id)
-        except KemError as exc:
-            self.reply_error(req_id, exc)
-            return
-        except Exception as exc:
-            log.exception("fetch of %s failed", call.kernel_id)
-            self.reply_error(req_id, KemError("internal", f"fetch failed: {exc}"))
-            return
-        try:
-            self._enqueue(req_id, call, source)
-        except RequestError as exc:
-            self.reply_error(exc.req_id, exc.error)
-
-    def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, may_inline: bool = False) -> None:
-        job = Job(
-            call=call,
-            source=source,
-            reply=lambda view, r=req_id, c=call: self._reply_result(r, c, view),
-            fail=lambda err, r=req_id: self.reply_error(r, err),
-        )
-        if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
-            self.stats.inc("inline_calls")
-            return
-        try:
-            self.loop.put(job)
-        except QueueFull:
-            self.stats.inc("overloaded")
-            raise RequestError(
-                req_id, KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port")
-            ) from None
-
-    def _may_run_inline(self, job: Job) -> bool:
-        """Only calls that cannot hold the reader long: small, no explicit
-        workgroup count, no shared-memory result, kernel already compiled,
-        and no other frame waiting in the pipe."""
-        call = job.call
-        return not (
-            call.batch_bytes > SMALL_CALL
-            or call.workgroups is not None
-            or call.output_path is not None
-            or not self.executor.is_warm(job.source, call)
-            or self.input_waiting()
-        )
 
     # -- test hooks (KEM_TEST_HOOKS=1) -----------------------------------
 

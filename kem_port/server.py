@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
+from kem_port.admission.guard import guard_from_config
+from kem_port.admission.worker import COMPILE_STACK_BYTES
 from kem_port.config import Config
 from kem_port.errors import KemError
+from kem_port.etf_guard import peek_req_id
 from kem_port.framing import FrameWriter, OversizedFrame, read_frame
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
@@ -23,6 +27,7 @@ from kem_port.stats import Stats
 from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting
 
 log = logging.getLogger("kem_port")
+PORT_THREAD_STACK = 4 * COMPILE_STACK_BYTES
 
 
 def build_remote(config: Config, stats: Stats):
@@ -46,15 +51,19 @@ def serve(in_fd: int, out_fd: int) -> int:
         executor.open()
     except Exception as exc:  # keep serving: kernel calls will say no_adapter
         log.error("no GPU device: %s", exc)
+    # Threads made from here on (the GPU thread compiles pipelines) get 4x
+    # the stack a kernel was allowed in the compile worker, whatever
+    # RLIMIT_STACK the node runs under (admission/worker.py).
+    threading.stack_size(PORT_THREAD_STACK)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
-    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd))
+    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd), guard_from_config(config, stats))
     router.start()
     try:
         while True:
             try:
                 frame = read_frame(in_fd, config.max_frame_bytes)
             except OversizedFrame as exc:
-                router.reply_error(None, KemError("too_large", str(exc)))
+                router.reply_error(peek_req_id(exc.head), KemError("too_large", str(exc)))
                 continue
             if frame is None:
                 break

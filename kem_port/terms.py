@@ -8,6 +8,10 @@ Two settings make the library safe for frames from anyone:
 * recursion depth: deep nesting raises RecursionError inside the library; it
   is caught here and reported like any other malformed frame.
 
+And before erlang-py sees a frame at all, etf_guard.check_frame walks it in
+linear time and refuses integers, lists, maps and nesting beyond what kem's
+requests can hold.
+
 Encoding wraps Python values explicitly: ``bytes`` -> binary, :func:`atom`
 -> atom. (erlang-py would send plain ``bytes`` or ``str`` as a charlist.)
 """
@@ -20,6 +24,7 @@ from typing import Any
 import erlang
 
 from kem_port.errors import KemError
+from kem_port.etf_guard import FrameError, check_frame, peek_req_id
 from kem_port.request_fast import decode_hot
 
 # erlang-py consults this module constant when it meets a compressed term;
@@ -62,6 +67,23 @@ def binary_bytes(value: Any) -> bytes | None:
     return None
 
 
+def decode_request(frame: bytes) -> Any:
+    """A frame from the pipe. The hot shapes (request_fast.py) are bounded
+    by construction; any other frame is walked first (etf_guard.py), since
+    erlang-py's decoding of large integers is quadratic and its lists
+    amplify memory ~75x."""
+    term = decode_hot(frame)
+    if term is not None:
+        return term
+    try:
+        check_frame(frame)
+        return _library_decode(frame)
+    except KemError as exc:
+        # An argument out of range in a well-formed call is answered to its
+        # caller; a malformed frame names no caller.
+        raise FrameError(exc, peek_req_id(frame) if exc.reason == "too_large" else None) from None
+
+
 def decode(frame: bytes) -> Any:
     """The term in one frame. Kernel requests take the narrow decoder
     (request_fast.py: 2.5 vs 5.7 us a small request); anything it does not
@@ -69,6 +91,10 @@ def decode(frame: bytes) -> Any:
     term = decode_hot(frame)
     if term is not None:
         return term
+    return _library_decode(frame)
+
+
+def _library_decode(frame: bytes) -> Any:
     try:
         return erlang.binary_to_term(frame)
     except RecursionError:

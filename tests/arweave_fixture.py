@@ -99,6 +99,7 @@ class Route:
     body: bytes = b""
     headers: dict = field(default_factory=dict)
     delay_s: float = 0.0
+    trickle_s: float = 0.0  # sleep between body bytes: a gateway that never quite stops
 
 
 class Gateway:
@@ -145,7 +146,12 @@ class Gateway:
             for name, value in headers.items():
                 handler.send_header(name, value)
             handler.end_headers()
-            if body:
+            if body and route.trickle_s:
+                for i in range(len(payload)):
+                    handler.wfile.write(payload[i : i + 1])
+                    handler.wfile.flush()
+                    time.sleep(route.trickle_s)
+            elif body:
                 handler.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
             pass

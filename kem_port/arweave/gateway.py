@@ -6,11 +6,19 @@ the whole item are used. Bodies are read raw: ``Accept-Encoding: identity``
 is asked and no ``Content-Encoding`` is ever undone, so the bytes verified
 are the bytes received. Sizes come from signed or declared lengths and are
 checked against the cap *before* a body is downloaded.
+
+Every request of one fetch shares one deadline (the store's overall fetch
+budget): its timeouts shrink to the time left, and bodies are read a
+socket read at a time with the deadline checked between reads, so a
+gateway trickling a byte every 0.8 s is cut off (a per-read timeout alone
+never fires on it). Headers are parsed strictly; whatever a gateway sends
+that kem cannot use is that gateway's failure (the store tries the next).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -21,6 +29,23 @@ from kem_port.arweave.proofs import Proven, ProofError, parse_item_header, verif
 
 HEADER_CAP = 64 * 1024
 TRANSIENT = (requests.ConnectionError, requests.Timeout)
+READ_CHUNK = 64 * 1024
+_ROOT_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # goes into a URL path
+_DECIMAL = re.compile(r"[0-9]{1,15}")  # int() also takes "1_0", " 7", "²"...
+
+
+def header_int(value: str | None) -> int | None:
+    """A non-negative decimal header value, or None when absent or junk."""
+    if value is None or not _DECIMAL.fullmatch(value):
+        return None
+    return int(value)
+
+
+def time_left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise GatewayError("timeout", "the fetch ran past its overall deadline")
+    return left
 
 
 class GatewayError(KemError):
@@ -41,6 +66,18 @@ class Gateway:
         self.timeout = (min(timeout_s, 5.0), timeout_s)
         self.retries = retries
         self.cap = cap
+        self.deadline = float("inf")  # set per fetch by the store (see for_fetch)
+
+    def for_fetch(self, deadline: float) -> "Gateway":
+        """A view of this gateway for one fetch, bounded by deadline."""
+        view = Gateway.__new__(Gateway)
+        view.__dict__.update(self.__dict__)
+        view.deadline = deadline
+        return view
+
+    def _timeouts(self) -> tuple[float, float]:
+        left = time_left(self.deadline)
+        return (min(self.timeout[0], left), min(self.timeout[1], left))
 
     # -- HTTP with bounded retries ---------------------------------------
 
@@ -53,7 +90,7 @@ class Gateway:
                     method,
                     url,
                     headers={"Accept-Encoding": "identity", **(headers or {})},
-                    timeout=self.timeout,
+                    timeout=self._timeouts(),
                     stream=True,
                     allow_redirects=False,
                 )
@@ -68,12 +105,15 @@ class Gateway:
                     return resp
                 resp.close()
             attempt += 1
-            time.sleep(0.05 * (2**attempt))
+            time.sleep(min(0.05 * (2**attempt), time_left(self.deadline)))
 
     def _read(self, resp: requests.Response, limit: int, what: str) -> bytes:
         """At most `limit` bytes of the raw body; more is an error, not a cut."""
         try:
-            body = resp.raw.read(limit + 1, decode_content=False)
+            body = self._read_by_deadline(resp, limit + 1)
+        except GatewayError:
+            resp.close()
+            raise
         except requests.RequestException as exc:
             raise GatewayError("timeout", f"reading {what}: {type(exc).__name__}") from None
         except Exception as exc:  # urllib3 read timeouts and resets
@@ -83,6 +123,18 @@ class Gateway:
         if len(body) > limit:
             raise GatewayError("too_large", f"{what} is larger than {limit} bytes")
         return body
+
+    def _read_by_deadline(self, resp: requests.Response, limit: int) -> bytes:
+        parts: list[bytes] = []
+        got = 0
+        while got < limit:
+            time_left(self.deadline)
+            chunk = resp.raw.read1(min(READ_CHUNK, limit - got), decode_content=False)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
 
     # -- the proof paths --------------------------------------------------
 
@@ -117,13 +169,14 @@ class Gateway:
         if head.status_code != 200:
             raise GatewayError("http_error", f"HEAD /raw/{kernel_id} answered {head.status_code}")
         root = head.headers.get("X-AR-IO-Root-Transaction-Id")
-        try:
-            start = int(head.headers["X-AR-IO-Root-Data-Item-Offset"])
-            payload_start = int(head.headers["X-AR-IO-Root-Data-Offset"])
-            item_size = int(head.headers["X-AR-IO-Data-Item-Size"])
-        except (KeyError, ValueError):
-            raise GatewayError("header_unavailable", "no X-AR-IO-Root-* offsets for this data item") from None
-        if not root or start < 0 or item_size <= 0 or not start < payload_start <= start + item_size:
+        start = header_int(head.headers.get("X-AR-IO-Root-Data-Item-Offset"))
+        payload_start = header_int(head.headers.get("X-AR-IO-Root-Data-Offset"))
+        item_size = header_int(head.headers.get("X-AR-IO-Data-Item-Size"))
+        if start is None or payload_start is None or item_size is None:
+            raise GatewayError("header_unavailable", "no usable X-AR-IO-Root-* offsets for this data item")
+        if not root or not _ROOT_ID.fullmatch(root):
+            raise GatewayError("header_unavailable", "no valid root transaction id for this data item")
+        if start < 0 or item_size <= 0 or not start < payload_start <= start + item_size:
             raise GatewayError("header_unavailable", "inconsistent data item offsets")
         if item_size - (payload_start - start) > self.cap:
             raise GatewayError("too_large", f"item payload is over the {self.cap}-byte kernel cap")
@@ -150,7 +203,10 @@ class Gateway:
             resp.close()
             raise GatewayError("http_error", f"/raw/{kernel_id} answered {resp.status_code}")
         declared = resp.headers.get("Content-Length")
-        if declared is not None and declared.isdigit():
+        if declared is not None and header_int(declared) is None:
+            resp.close()
+            raise GatewayError("bad_response", "unusable Content-Length")
+        if declared is not None:
             if int(declared) > self.cap:
                 resp.close()
                 raise GatewayError("too_large", f"Content-Length {declared} is over the {self.cap}-byte kernel cap")

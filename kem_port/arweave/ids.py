@@ -6,7 +6,7 @@ import base64
 import binascii
 import re
 
-_B64URL = re.compile(r"^[A-Za-z0-9_-]*$")
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")  # fullmatch: "$" would let "\n" end it
 
 
 class BadEncoding(ValueError):
@@ -16,7 +16,7 @@ class BadEncoding(ValueError):
 def b64url_decode(text: str) -> bytes:
     """Decode unpadded base64url, refusing anything that would not re-encode
     to the same text (urlsafe_b64decode silently drops foreign characters)."""
-    if not isinstance(text, str) or not _B64URL.match(text) or len(text) % 4 == 1:
+    if not isinstance(text, str) or not _B64URL.fullmatch(text) or len(text) % 4 == 1:
         raise BadEncoding(f"not base64url: {str(text)[:60]!r}")
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
@@ -34,6 +35,7 @@ from kem_port.stats import Stats
 
 log = logging.getLogger("kem_port.arweave")
 MEMORY_ENTRIES = 1024
+BUSY_WAIT_S = 1.0  # how long a fetch waits for a busy gateway before trying the next
 VERIFIED_TIERS = ("strict", "strict+pinned")
 
 
@@ -51,6 +53,10 @@ class ArweaveStore:
             Gateway(url, session, config.fetch_timeout_s, config.fetch_retries, config.max_kernel_bytes)
             for url in config.gateways
         ]
+        # Per gateway, at most this many fetches at once: a gateway that
+        # hangs holds its own slots, never every fetch thread (the store
+        # moves on to the next gateway when a slot is not free in time).
+        self._slots = [threading.BoundedSemaphore(config.gateway_concurrency) for _ in self.gateways]
         self._memory: OrderedDict[str, KernelSource] = OrderedDict()
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -99,11 +105,12 @@ class ArweaveStore:
 
     def describe(self) -> dict:
         return {
-            "gateways": [g.base for g in self.gateways],
+            # Counts, not URLs or paths: this reaches adapter_info's callers.
+            "gateways": len(self.gateways),
             "verify": self.policy,
             "allowed_owners": sorted(self.owners),
             "pins": len(self.pins),
-            "cache_dir": str(self.config.cache_dir or ""),
+            "disk_cache": self.config.cache_dir is not None,
             "max_kernel_bytes": self.config.max_kernel_bytes,
         }
 
@@ -146,16 +153,21 @@ class ArweaveStore:
         if self.policy == "pinned" and kernel_id not in self.pins:
             self.stats.rejection("not_pinned")
             raise KemError("not_pinned", f"{kernel_id} has no pin in KEM_PINS and KEM_VERIFY=pinned")
-        outcomes: list[tuple[str, GatewayError]] = []
-        for gateway in self.gateways:
+        outcomes: list[tuple[int, GatewayError]] = []
+        deadline = time.monotonic() + self.config.fetch_deadline_s
+        for number, (gateway, slots) in enumerate(zip(self.gateways, self._slots), start=1):
             try:
-                data, tier, owner = self._fetch_one(gateway, kernel_id)
+                # Each gateway gets its attempts' worth of time, all within the
+                # fetch's overall deadline: a trickling one is cut off and
+                # the next still has time.
+                own = min(deadline, time.monotonic() + self.config.fetch_timeout_s * (self.config.fetch_retries + 1))
+                data, tier, owner = self._fetch_bounded(gateway.for_fetch(own), slots, kernel_id, own)
             except GatewayError as exc:
                 self.stats.rejection(exc.reason)
                 log.warning("gateway %s: %s: %s", gateway.base, kernel_id, exc)
-                outcomes.append((gateway.base, exc))
+                outcomes.append((number, exc))
                 continue
-            source = source_from_bytes(kernel_id, data, gateway.base, tier)
+            source = source_from_bytes(kernel_id, data, f"gateway #{number}", tier)
             self.stats.inc("arweave_fetches")
             self.stats.inc("arweave_fetch_bytes", len(data))
             if self.cache is not None:
@@ -166,6 +178,21 @@ class ArweaveStore:
             self._remember(source)
             return source
         raise _combined_error(kernel_id, outcomes)
+
+    def _fetch_bounded(self, gateway: Gateway, slots: threading.BoundedSemaphore, kernel_id: str, deadline: float) -> tuple[bytes, str, str]:
+        """One gateway's attempt, within its concurrency and the deadline;
+        anything unexpected from it is its failure, not the caller's."""
+        if not slots.acquire(timeout=max(0.0, min(deadline - time.monotonic(), BUSY_WAIT_S))):
+            raise GatewayError("busy", "too many fetches in progress at this gateway")
+        try:
+            return self._fetch_one(gateway, kernel_id)
+        except GatewayError:
+            raise
+        except Exception as exc:
+            log.warning("gateway %s answered %s junk kem cannot use: %r", gateway.base, kernel_id, exc)
+            raise GatewayError("bad_response", "an answer kem cannot use") from None
+        finally:
+            slots.release()
 
     def _fetch_one(self, gateway: Gateway, kernel_id: str) -> tuple[bytes, str, str]:
         pin = self.pins.get(kernel_id)
@@ -193,8 +220,9 @@ def _check_pin(data: bytes, pin: str | None) -> None:
         raise GatewayError("pin_mismatch", f"SHA-256 {digest[:16]}... is not the pinned one")
 
 
-def _combined_error(kernel_id: str, outcomes: list[tuple[str, GatewayError]]) -> KemError:
+def _combined_error(kernel_id: str, outcomes: list[tuple[int, GatewayError]]) -> KemError:
+    """One error naming each gateway by its number: URLs stay in the log."""
     reasons = {exc.reason for _, exc in outcomes}
     reason = reasons.pop() if len(reasons) == 1 else "fetch_failed"
-    detail = "; ".join(f"{base}: {exc.reason} ({exc.detail})" for base, exc in outcomes) or "no gateways configured"
+    detail = "; ".join(f"gateway #{number}: {exc.reason} ({exc.detail})" for number, exc in outcomes) or "no gateways configured"
     return KemError(reason, f"{kernel_id}: {detail}")

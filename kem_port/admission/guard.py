@@ -1,0 +1,197 @@
+"""Admission of kernels: nothing the port has not seen compile is compiled by it.
+
+A 6 KB kernel could crash the port on every call: naga recursed off the
+end of the compiling thread's stack (SIGSEGV inside create_shader_module,
+before any Python could catch it), and small "compile bombs" grew the port
+by hundreds of MB a second. So before the port compiles a pipeline it has
+not admitted (kernel sha256, entry point, with or without params):
+
+1. the kernel's hash is looked up among kernels refused before (on disk,
+   admission/rejects.py): refused at once, with the reason;
+2. cheap structural limits on its syntax tree (admission/limits.py);
+3. on an adapter that leaks workgroup memory, the clearing rewrite
+   (admission/zeroing.py) -- the rewritten text is what every later step,
+   and the port, compiles;
+4. a compile in the warm sacrificial worker (admission/worker.py) under
+   stack, memory and CPU limits and a wall deadline. A compile error is the
+   caller's ``shader_error``/``bad_kernel``; a worker that died or ran out
+   of time means the kernel is refused as ``kernel_rejected`` and
+   remembered by hash on disk.
+
+Admitted pipelines are remembered in memory: a known kernel costs one set
+lookup (``is_admitted``). Kernels packaged with kem are admitted without
+the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
+
+from kem_port.errors import KemError
+from kem_port.gpu.contract import check_layout
+from kem_port.gpu.calls import KernelCall
+from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
+from kem_port.admission.rejects import RejectStore
+from kem_port.admission.limits import check_structure
+from kem_port.gpu.wgsl_reflect import reflect
+from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied
+from kem_port.admission.zeroing import zero_workgroup_memory
+
+log = logging.getLogger("kem_port.admission.guard")
+
+FAILED_CACHE = 1024  # compile errors remembered in memory (cheap to redo)
+class CompileGuard:
+    def __init__(self, settings: GuardSettings, rejects: RejectStore, stats=None) -> None:
+        self.settings = settings
+        self.rejects = rejects
+        self.stats = stats
+        self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
+        self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
+        self._worker: CompileWorker | None = None
+        self._spawning: threading.Thread | None = None
+        self._spawn_error: Exception | None = None
+        self._lock = threading.Lock()  # one compile at a time: one worker
+
+    # -- the hot path -----------------------------------------------------
+
+    def is_admitted(self, source: KernelSource, call: KernelCall) -> KernelSource | None:
+        """The admitted (possibly rewritten) source, or None: one dict lookup."""
+        return self._admitted.get((source.sha256, call.entry_point, call.params is not None))
+
+    # -- admission --------------------------------------------------------
+
+    def admit(self, source: KernelSource, call: KernelCall) -> KernelSource:
+        """The source the port may compile for this call's pipeline, or
+        KemError. Blocks for one worker round trip the first time: call it
+        off the reader and GPU threads."""
+        entry, has_params = call.entry_point, call.params is not None
+        key = (source.sha256, entry, has_params)
+        found = self._admitted.get(key)
+        if found is not None:
+            return found
+        refused = self.rejects.lookup(source.sha256)
+        if refused is not None:
+            self._count("kernels_refused")
+            raise KemError("kernel_rejected", f"kernel {source.kernel_id} was refused before: {refused}")
+        # kem's own contract (bindings, entry point): the same clear errors
+        # the executor gives, before any compile.
+        check_layout(reflect(source.text), call)
+        if _packaged(source):
+            self._admitted[key] = source
+            return source
+        with self._lock:
+            found = self._admitted.get(key) or self._failed.get(key)
+            if isinstance(found, KemError):
+                raise found
+            if found is not None:
+                return found
+            return self._admit_new(key, source, entry, has_params)
+
+    def _admit_new(self, key, source: KernelSource, entry: str, has_params: bool) -> KernelSource:
+        try:
+            check_structure(source.text)
+        except KemError as exc:
+            self._remember_rejection(source, exc.detail)
+            raise
+        worker = self._ready_worker()
+        text = source.text
+        if self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup):
+            text = zero_workgroup_memory(text)
+        request = {"code": text, "entry": entry, "has_params": has_params}
+        started = time.perf_counter()
+        try:
+            reply = worker.compile(request)
+        except WorkerDied as died:
+            self._worker = None
+            self._respawn()
+            self._remember_rejection(source, died.why)
+            raise KemError("kernel_rejected", f"kernel {source.kernel_id} {died.why}") from None
+        finally:
+            self._time("guard_compile", time.perf_counter() - started)
+        if not reply.get("ok"):
+            error = KemError(str(reply.get("reason", "bad_kernel")), str(reply.get("detail", "")))
+            self._failed[key] = error
+            while len(self._failed) > FAILED_CACHE:
+                self._failed.popitem(last=False)
+            raise error
+        admitted = replace(source, text=text)
+        self._admitted[key] = admitted
+        self._count("kernels_admitted")
+        return admitted
+
+    def _remember_rejection(self, source: KernelSource, why: str) -> None:
+        log.warning("kernel %s (sha256 %s) refused: %s", source.kernel_id, source.sha256, why)
+        self._count("kernels_rejected")
+        self.rejects.remember(source.sha256, why)
+
+    # -- the worker's life ------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker in the background (it opens its own device)."""
+        self._respawn()
+
+    def _respawn(self) -> None:
+        if self._spawning is not None and self._spawning.is_alive():
+            return
+        self._spawning = threading.Thread(target=self._spawn, name="kem-compile-spawn", daemon=True)
+        self._spawning.start()
+
+    def _spawn(self) -> None:
+        try:
+            self._worker = CompileWorker(self.settings)
+            self._spawn_error = None
+            self._time("compile_worker_open", self._worker.open_s)
+        except Exception as exc:  # reported to the next kernel that needs it
+            log.error("the compile worker did not start: %s", exc)
+            self._spawn_error = exc
+
+    def _ready_worker(self) -> CompileWorker:
+        if self._worker is not None and self._worker.alive():
+            return self._worker
+        if self._spawning is None or not self._spawning.is_alive():
+            self._spawn()
+        else:
+            self._spawning.join()
+        if self._worker is None or not self._worker.alive():
+            raise KemError("no_adapter", "the kernel compile worker is not available")
+        return self._worker
+
+    def describe(self) -> dict:
+        worker = self._worker
+        return {"kernels_admitted": len(self._admitted),
+                "workgroup_zeroing": self.settings.zero_workgroup if worker is None
+                else ("on" if self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup) else "off"),
+                "adapter_leaks_workgroup_memory": None if worker is None else worker.leaks_workgroup}
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    def _count(self, name: str) -> None:
+        if self.stats is not None:
+            self.stats.inc(name)
+
+    def _time(self, name: str, seconds: float) -> None:
+        if self.stats is not None:
+            self.stats.add_time(name, seconds)
+
+
+def _packaged(source: KernelSource) -> bool:
+    return source.tier == "local" and os.path.dirname(source.origin) == str(PACKAGED_KERNELS)
+
+
+def guard_from_config(config, stats=None) -> CompileGuard:
+    directory = Path(config.cache_dir) / "rejected" if config.cache_dir else None
+    settings = GuardSettings(
+        timeout_s=config.compile_timeout_s,
+        memory_mb=config.compile_memory_mb,
+        zero_workgroup=config.zero_workgroup,
+        adapter=config.adapter,
+    )
+    return CompileGuard(settings, RejectStore(directory), stats)

@@ -1,0 +1,108 @@
+"""Cheap structural limits on a kernel, checked before anything compiles it.
+
+naga (inside wgpu-native) recurses once per nesting level and limits only
+braces: a few thousand nested parentheses or calls, a flat sum of ~15,000
+terms (a left-leaning tree that deep) or an ``else if`` chain of ~10,000
+arms overflow the compiling thread's stack. Every one of those is a deep
+syntax tree, so one iterative walk over the tree-sitter tree kem already
+builds (wgsl_reflect) bounds them all: the tree's depth, its size, and the
+element counts of arrays declared with literal sizes (a large private array
+made compilation grow by hundreds of MB/s). What this walk cannot see (sizes
+named by constants, call graphs) is left to the sacrificial compile
+(admission/guard.py), which has resource limits.
+
+Figures (tests/test_admission/guard.py prints them): kem's own kernels reach
+depth < 40; 5,000 nested parentheses are depth ~5,000, found in ~4 ms.
+"""
+
+from __future__ import annotations
+
+from tree_sitter import Node
+
+from kem_port.errors import KemError
+from kem_port.gpu.wgsl_reflect import _parser, parse_int_literal
+
+MAX_SOURCE_BYTES = 1 << 20  # KEM_MAX_KERNEL_BYTES' default
+MAX_TREE_DEPTH = 400  # ~130 nested parentheses (3 tree levels each), 400 chained terms
+MAX_TREE_NODES = 200_000  # a 60 KB kernel is ~20,000
+MAX_PRIVATE_ELEMENTS = 16_384  # per invocation, private or function arrays
+MAX_WORKGROUP_ELEMENTS = 65_536
+
+
+def rejected(detail: str) -> KemError:
+    return KemError("kernel_rejected", detail)
+
+
+def check_structure(source: str) -> None:
+    """Raise kernel_rejected when source is too big, too deep or declares
+    arrays too large for any kem kernel."""
+    data = source.encode("utf-8")
+    if len(data) > MAX_SOURCE_BYTES:
+        raise rejected(f"kernel source of {len(data)} bytes is over {MAX_SOURCE_BYTES}")
+    tree = _parser().parse(data)
+    _check_tree(tree.root_node)
+
+
+def _check_tree(root: Node) -> None:
+    cursor = root.walk()
+    depth = nodes = 0
+    while True:
+        nodes += 1
+        if nodes > MAX_TREE_NODES:
+            raise rejected(f"kernel has more than {MAX_TREE_NODES} syntax nodes")
+        if cursor.node.type == "type_declaration":
+            _check_array(cursor.node)
+        if cursor.goto_first_child():
+            depth += 1
+            if depth > MAX_TREE_DEPTH:
+                raise rejected(f"kernel nests deeper than {MAX_TREE_DEPTH} syntax levels (parentheses, calls, blocks, else-if or operator chains)")
+            continue
+        while not cursor.goto_next_sibling():
+            if not cursor.goto_parent():
+                return
+            depth -= 1
+
+
+def _check_array(node: Node) -> None:
+    """An array type whose literal element count (nested counts multiplied)
+    exceeds what its address space may hold."""
+    count = _elements(node)
+    if count <= MAX_PRIVATE_ELEMENTS:
+        return
+    space = _address_space(node)
+    limit = MAX_WORKGROUP_ELEMENTS if space == "workgroup" else MAX_PRIVATE_ELEMENTS
+    if space in ("storage", "uniform", "struct") or count <= limit:
+        return
+    raise rejected(f"a {space or 'function'} array of {count} elements is over the limit of {limit}")
+
+
+def _elements(node: Node) -> int:
+    total = 1
+    current: Node | None = node
+    while current is not None and current.children and current.children[0].type == "array":
+        inner = None
+        for child in current.children:
+            if child.type == "int_literal":
+                total *= max(parse_int_literal(child.text.decode()) or 1, 1)
+            elif child.type == "type_declaration":
+                inner = child
+        current = inner
+    return total
+
+
+def _address_space(node: Node) -> str:
+    """The address space of the variable declaring node ("" for function
+    scope or let/const, which hold no array storage of their own)."""
+    parent = node.parent
+    while parent is not None and parent.type not in ("variable_declaration", "struct_declaration"):
+        parent = parent.parent
+    if parent is None:
+        return ""
+    if parent.type == "struct_declaration":
+        return "struct"  # a member: its variable's space is checked by naga's limits
+    for child in parent.children:
+        if child.type == "variable_qualifier":
+            for part in child.children:
+                if part.type == "address_space":
+                    return part.text.decode()
+    return ""

@@ -1,0 +1,116 @@
+"""``python -m kem_port.admission.worker``: a disposable process that compiles
+kernels nobody has compiled before, so that a kernel which crashes, exhausts
+or hangs the shader compiler takes down this process, never the port.
+
+It opens its own device on the port's adapter, probes it for workgroup
+memory that leaks between dispatches, then sets its resource limits and
+answers requests one at a time over its pipes (``{packet,4}`` frames of
+JSON): ``{"code", "entry", "has_params"}`` ->
+``{"ok": true}`` or ``{"ok": false, "reason", "detail"}``. It runs the same
+``create_shader_module`` + ``create_compute_pipeline`` the port will.
+
+Limits (admission/guard.py reads the way the worker died):
+* stack: each compile runs on a thread of COMPILE_STACK_BYTES, half of the
+  8 MiB that the port's threads get, so what compiled here has room there;
+* memory: RLIMIT_DATA at what the open device uses plus the budget.
+  RLIMIT_AS does not fit: the driver alone maps 1.2 GB of address space on
+  lavapipe (VmSize after open, VmData ~0.2 GB), far more on NVIDIA;
+* CPU time: RLIMIT_CPU, besides the guard's wall-clock deadline.
+"""
+
+from kem_port.stdio_guard import claim_protocol_fds
+
+import json
+import os
+import resource
+import sys
+import threading
+from typing import Any
+
+COMPILE_STACK_BYTES = 4 << 20
+
+
+def _vm_data_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
+    data = _vm_data_bytes() + memory_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (data, data))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def compile_kernel(device: Any, request: dict) -> dict:
+    import wgpu
+
+    try:
+        module = device.create_shader_module(code=request["code"])
+    except wgpu.GPUError as exc:
+        return {"ok": False, "reason": "shader_error", "detail": str(exc)[:4000]}
+    from kem_port.gpu.contract import layout_entries
+    from kem_port.gpu.wgsl_reflect import reflect
+
+    # The very layout the port builds (gpu/pipelines.py).
+    entries = layout_entries(reflect(request["code"]), bool(request["has_params"]))
+    try:
+        layout = device.create_bind_group_layout(entries=entries)
+        device.create_compute_pipeline(
+            layout=device.create_pipeline_layout(bind_group_layouts=[layout]),
+            compute={"module": module, "entry_point": request["entry"]},
+        )
+    except wgpu.GPUError as exc:
+        return {"ok": False, "reason": "bad_kernel", "detail": str(exc)[:4000]}
+    return {"ok": True}
+
+
+def on_small_stack(fn, *args) -> Any:
+    """fn(*args) on a fresh thread with COMPILE_STACK_BYTES of stack."""
+    result: list[Any] = []
+    old = threading.stack_size(COMPILE_STACK_BYTES)
+    try:
+        thread = threading.Thread(target=lambda: result.append(fn(*args)), name="kem-compile")
+        thread.start()
+    finally:
+        threading.stack_size(old)
+    thread.join()
+    if not result:
+        return {"ok": False, "reason": "internal", "detail": "the compile thread failed"}
+    return result[0]
+
+
+def serve(in_fd: int, out_fd: int) -> int:
+    from kem_port.framing import FrameWriter, read_frame
+    from kem_port.admission.probe import open_device, workgroup_memory_leaks
+
+    writer = FrameWriter(out_fd)
+    adapter, device = open_device(os.environ.get("KEM_ADAPTER") or None)
+    hello = {"ready": True, "adapter": adapter.info.get("device", ""), "leaks_workgroup": workgroup_memory_leaks(device)}
+    limit_resources(int(os.environ.get("KEM_COMPILE_MEMORY_MB", "1024")) << 20,
+                    int(os.environ.get("KEM_COMPILE_CPU_S", "60")))
+    writer.write([json.dumps(hello).encode()])
+    while True:
+        frame = read_frame(in_fd, 16 << 20)
+        if frame is None:
+            return 0
+        reply = on_small_stack(compile_kernel, device, json.loads(frame))
+        writer.write([json.dumps(reply).encode()])
+
+
+def main() -> int:
+    from kem_port.stdio_guard import exit_on_hangup
+
+    in_fd, out_fd = claim_protocol_fds()
+    # Not die_with_parent: Linux ties that to the thread that started us, and
+    # the guard starts workers from short-lived threads. The port's end of
+    # our stdin closes when it dies, even while we are inside a compile.
+    exit_on_hangup(in_fd)
+    return serve(in_fd, out_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The port's side of the compile worker (worker.py): start it, send a
+kernel, read how it answered -- or how it died.
+
+A worker that dies mid-compile is read by its exit: SIGSEGV (stack or
+memory exhausted inside the compiler), SIGABRT (an allocation refused under
+RLIMIT_DATA), SIGXCPU/SIGKILL (CPU limit); one that does not answer within
+the deadline is killed. Either way the caller gets WorkerDied with a reason
+fit for a client (no paths), and the guard starts a new worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from kem_port.framing import HEADER, read_frame
+
+_SIGNALS = {signal.SIGSEGV: "crashed the shader compiler (out of stack or memory)", signal.SIGBUS: "crashed the shader compiler",
+            signal.SIGABRT: "exhausted the compile memory budget", signal.SIGKILL: "exceeded the compile limits",
+            signal.SIGXCPU: "exceeded the compile CPU time budget"}
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    timeout_s: float = 20.0
+    memory_mb: int = 1024
+    cpu_s: int = 60
+    zero_workgroup: str = "on"  # "on"; "auto": where the probe finds a leak; "off"
+    adapter: str | None = None
+
+
+class WorkerDied(Exception):
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class CompileWorker:
+    """One warm worker process; compile() sends a kernel and waits."""
+
+    def __init__(self, settings: GuardSettings) -> None:
+        env = dict(os.environ, KEM_COMPILE_MEMORY_MB=str(settings.memory_mb), KEM_COMPILE_CPU_S=str(settings.cpu_s))
+        if settings.adapter:
+            env["KEM_ADAPTER"] = settings.adapter
+        self.settings = settings
+        started = time.perf_counter()
+        # stdout is this worker's protocol; its stderr joins the port's log.
+        self.proc = subprocess.Popen([sys.executable, "-m", "kem_port.admission.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, bufsize=0, start_new_session=True)
+        hello = self._read(max(settings.timeout_s, 60.0))
+        self.leaks_workgroup = bool(hello.get("leaks_workgroup", True))
+        self.adapter = str(hello.get("adapter", ""))
+        self.open_s = time.perf_counter() - started
+
+    def compile(self, request: dict) -> dict:
+        body = json.dumps(request).encode()
+        try:
+            self.proc.stdin.write(HEADER.pack(len(body)) + body)
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(self._death()) from None
+        return self._read(self.settings.timeout_s)
+
+    def _read(self, timeout_s: float) -> dict:
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        if not ready:
+            self.kill()
+            raise WorkerDied(f"took longer than {timeout_s:.0f} s to compile")
+        frame = read_frame(fd, 1 << 20)
+        if frame is None:
+            raise WorkerDied(self._death())
+        return json.loads(frame)
+
+    def _death(self) -> str:
+        try:
+            code = self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "stopped answering"
+        if code < 0:
+            return _SIGNALS.get(-code, f"killed the compiler (signal {-code})")
+        return f"made the compiler exit ({code})"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+

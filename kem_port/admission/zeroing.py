@@ -1,0 +1,223 @@
+"""Clear workgroup memory before a kernel's body runs.
+
+WGSL promises zero-initialised workgroup variables, but lavapipe keeps
+them in memory its worker threads reuse: a kernel that declares a
+``var<workgroup>`` array and never writes it read back another caller's
+input verbatim (issue 13). wgpu-native 0.32 offers no switch for naga's
+zero-initialisation polyfill (``wgpuDeviceCreateShaderModuleTrusted``'s
+runtime checks cover bounds and loops only), so kem rewrites the source:
+each compute entry point starts with a loop that zeroes every workgroup
+variable, strided by ``local_invocation_index`` over the workgroup, then a
+``workgroupBarrier()``. The rewrite is textual and small; the sacrificial
+compile (admission/guard.py) checks that the result compiles.
+
+Atomics cannot be assigned, so they are cleared with ``atomicStore``; a
+workgroup variable of a shape the rewrite does not cover (a struct holding
+atomics, arrays of arrays of atomics) makes the kernel refused as
+``kernel_rejected`` on an adapter that leaks, never run uncleared.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tree_sitter import Node
+
+from kem_port.errors import KemError
+from kem_port.gpu.wgsl_reflect import _attributes, _parser
+
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({IDENT})\s*:\s*([^;]+);")
+_WORKGROUP_ANY = re.compile(r"\bvar\s*<\s*workgroup\b")
+_ARRAY = re.compile(r"array\s*<(.*)>", re.S)
+_ATOMIC = re.compile(r"atomic\s*<[^<>]*>")
+INDEX = "_kem_lii"
+
+
+@dataclass(frozen=True)
+class WorkgroupVar:
+    name: str
+    type_text: str
+
+
+def strip_comments(source: str) -> str:
+    """source with every comment replaced by spaces (offsets kept).
+    WGSL block comments nest."""
+    out = list(source)
+    i, depth, n = 0, 0, len(source)
+    while i < n:
+        pair = source[i : i + 2]
+        if depth == 0 and pair == "//":
+            while i < n and source[i] not in "\n\r":
+                out[i] = " "
+                i += 1
+            continue
+        if pair == "/*":
+            depth += 1
+            out[i] = out[i + 1] = " "
+            i += 2
+            continue
+        if depth and pair == "*/":
+            depth -= 1
+            out[i] = out[i + 1] = " "
+            i += 2
+            continue
+        if depth and source[i] not in "\n\r":
+            out[i] = " "
+        i += 1
+    return "".join(out)
+
+
+def workgroup_vars(code: str) -> list[WorkgroupVar]:
+    """Every module-scope ``var<workgroup>`` of comment-free code; refuses
+    a declaration it cannot read, rather than leave it uncleared."""
+    found = [WorkgroupVar(m.group(1), " ".join(m.group(2).split())) for m in _WORKGROUP_VAR.finditer(code)]
+    if len(found) != len(_WORKGROUP_ANY.findall(code)):
+        raise KemError("kernel_rejected", "a var<workgroup> declaration kem cannot clear on this adapter")
+    return found
+
+
+def zero_workgroup_memory(source: str) -> str:
+    """source with a clearing prologue in each compute entry point; the
+    source itself when it declares no workgroup variables."""
+    code = strip_comments(source)
+    found = workgroup_vars(code)
+    if not found:
+        return source
+    tree = _parser().parse(code.encode("utf-8"))
+    edits: list[tuple[int, str]] = []
+    for node in tree.root_node.children:
+        if node.type == "function_declaration" and any(a == "compute" for a, _ in _attributes(node)):
+            edits.extend(_entry_edits(node, code, found))
+    # tree-sitter offsets are bytes: edit the UTF-8 bytes, from the end.
+    data = source.encode("utf-8")
+    for offset, text in sorted(edits, reverse=True):
+        data = data[:offset] + text.encode() + data[offset:]
+    return data.decode("utf-8")
+
+
+def _entry_edits(fn: Node, code: str, found: list[WorkgroupVar]) -> list[tuple[int, str]]:
+    body = next((c for c in fn.children if c.type == "compound_statement"), None)
+    open_paren = next((c for c in fn.children if c.type == "("), None)
+    if body is None or open_paren is None or code[body.start_byte : body.start_byte + 1] != "{":
+        raise KemError("kernel_rejected", "an entry point kem cannot parse to clear its workgroup memory")
+    edits = []
+    index = _index_expression(fn, code)
+    if index is None:
+        params = next((c for c in fn.children if c.type == "parameter_list"), None)
+        edits.append((open_paren.end_byte, f"@builtin(local_invocation_index) {INDEX}: u32" + (", " if params else "")))
+        index = INDEX
+    stride = _stride(fn)
+    lines = [_clear(var, index, stride, code) for var in found]
+    edits.append((body.start_byte + 1, "\n    " + "\n    ".join(lines) + "\n    workgroupBarrier();\n"))
+    return edits
+
+
+def _index_expression(fn: Node, code: str) -> str | None:
+    """How the entry point already names local_invocation_index: a
+    parameter, or a member of a struct parameter; None when it does not."""
+    for child in fn.children:
+        if child.type != "parameter_list":
+            continue
+        for param in child.children:
+            if param.type != "parameter":
+                continue
+            ident = _param_ident(param)
+            if any(a == "builtin" and args and args[0].text == b"local_invocation_index" for a, args in _attributes(param)):
+                return ident
+            member = _struct_member_index(_param_type(param), code)
+            if member is not None and ident is not None:
+                return f"{ident}.{member}"
+    return None
+
+
+def _param_ident(param: Node) -> str | None:
+    for sub in param.children:
+        if sub.type == "variable_identifier_declaration" and sub.child(0) is not None:
+            return sub.child(0).text.decode()
+    return None
+
+
+def _param_type(param: Node) -> str:
+    for sub in param.children:
+        if sub.type == "variable_identifier_declaration":
+            for part in sub.children:
+                if part.type == "type_declaration":
+                    return part.text.decode()
+    return ""
+
+
+def _struct_member_index(type_name: str, code: str) -> str | None:
+    if not re.fullmatch(IDENT, type_name):
+        return None
+    struct = re.search(rf"\bstruct\s+{type_name}\s*\{{([^}}]*)\}}", code)
+    if struct is None:
+        return None
+    member = re.search(rf"@builtin\s*\(\s*local_invocation_index\s*\)\s*({IDENT})\s*:", struct.group(1))
+    return member.group(1) if member else None
+
+
+def _stride(fn: Node) -> str:
+    """The workgroup's invocation count as a WGSL expression (any value
+    from 1 to the true count is correct, only slower)."""
+    for attr, args in _attributes(fn):
+        if attr == "workgroup_size" and args:
+            return " * ".join(f"u32({a.text.decode()})" for a in args)
+    return "1u"
+
+
+def _clear(var: WorkgroupVar, index: str, stride: str, code: str) -> str:
+    kind, element, count = _shape(var.type_text, code)
+    if kind == "plain":
+        return f"if ({index} == 0u) {{ {var.name} = {var.type_text}(); }}"
+    if kind == "atomic":
+        return f"if ({index} == 0u) {{ atomicStore(&{var.name}, 0); }}"
+    loop = f"for (var _kem_i: u32 = {index}; _kem_i < u32({count}); _kem_i += {stride})"
+    if kind == "array":
+        return f"{loop} {{ {var.name}[_kem_i] = {element}(); }}"
+    return f"{loop} {{ atomicStore(&{var.name}[_kem_i], 0); }}"
+
+
+def _shape(type_text: str, code: str) -> tuple[str, str, str]:
+    """("plain" | "atomic" | "array" | "atomic_array", element, count)."""
+    array = _ARRAY.fullmatch(type_text)
+    if array is not None:
+        element, count = _split_last_arg(array.group(1))
+        if count and not _holds_atomic(element, code):
+            return "array", element, count
+        if count and _ATOMIC.fullmatch(element):
+            return "atomic_array", element, count
+    elif _ATOMIC.fullmatch(type_text):
+        return "atomic", type_text, ""
+    elif not _holds_atomic(type_text, code):
+        return "plain", type_text, ""
+    raise KemError("kernel_rejected", f"workgroup variable {var_label(type_text)} cannot be cleared on this adapter")
+
+
+def var_label(type_text: str) -> str:
+    return type_text[:60]
+
+
+def _split_last_arg(args: str) -> tuple[str, str]:
+    depth = 0
+    for i in range(len(args) - 1, -1, -1):
+        ch = args[i]
+        if ch in ">)":
+            depth += 1
+        elif ch in "<(":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return args[:i].strip(), args[i + 1 :].strip()
+    return args.strip(), ""
+
+
+def _holds_atomic(type_text: str, code: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a type, through the structs and aliases it names, holds an atomic."""
+    if "atomic" in type_text:
+        return True
+    for name in set(re.findall(IDENT, type_text)) - seen:
+        decl = re.search(rf"\b(?:struct\s+{name}\s*\{{[^}}]*\}}|alias\s+{name}\s*=[^;]*;)", code)
+        if decl is not None and _holds_atomic(decl.group(0).split(name, 1)[1], code, seen | {name}):
+            return True
+    return False

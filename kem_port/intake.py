@@ -1,0 +1,145 @@
+"""A kernel call's road from a checked request to the GPU loop.
+
+1. **Budget** (budget.py): the call takes its share of the port's calls and
+   bytes, and holds it until it is answered, whichever wait it is in.
+2. **Source**: local directories and the verified cache on the reader; a
+   gateway fetch on a fetch thread (more threads than one gateway's
+   ``KEM_GATEWAY_CONCURRENCY``, so a slow gateway cannot hold them all).
+3. **Admission** (admission/guard.py): a known pipeline costs one dict
+   lookup; a new one waits for the sacrificial compile on an admission
+   thread, never on the reader or the GPU thread.
+4. **Enqueue** on the GPU loop, or a lone small call run inline
+   (gpu_loop.py says why); a full queue is ``overloaded`` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from kem_port.admission.guard import CompileGuard
+from kem_port.budget import WorkBudget
+from kem_port.config import Config
+from kem_port.errors import KemError
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.executor import Executor
+from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
+from kem_port.kernel_store import KernelResolver, KernelSource
+from kem_port.stats import Stats
+
+log = logging.getLogger("kem_port.intake")
+
+FETCH_THREADS = 16
+Reply = Callable[[int, KernelCall, memoryview], None]
+Fail = Callable[[int, KemError], None]
+
+
+class Once:
+    """A callable that runs its function the first time only."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn: Callable[[], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
+class Intake:
+    def __init__(self, config: Config, stats: Stats, executor: Executor, resolver: KernelResolver, loop: GpuLoop,
+                 guard: CompileGuard | None, reply: Reply, fail: Fail, input_waiting: Callable[[], bool]) -> None:
+        self.config, self.stats, self.executor, self.resolver, self.loop = config, stats, executor, resolver, loop
+        self.guard, self.reply, self.fail, self.input_waiting = guard, reply, fail, input_waiting
+        self.budget = WorkBudget(config.queue_limit, config.queue_bytes)
+        self._fetchers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="kem-fetch")
+        self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
+
+    @property
+    def fetch_pool(self) -> ThreadPoolExecutor:
+        """Where fetches run; session methods fetch their kernels there too."""
+        return self._fetchers
+
+    def submit(self, req_id: int, call: KernelCall) -> None:
+        """Take the call in, or raise KemError (answered by the router)."""
+        size = call.batch_bytes
+        try:
+            self.budget.take(size)
+        except KemError:
+            self.stats.inc("overloaded")
+            raise
+        release = Once(lambda: self.budget.give(size))
+        try:
+            self._route(req_id, call, release)
+        except BaseException:
+            release()
+            raise
+
+    def _route(self, req_id: int, call: KernelCall, release: Callable[[], None]) -> None:
+        source = self.resolver.resolve_local(call.kernel_id)
+        if source is None:
+            if not self.resolver.needs_fetch(call.kernel_id):
+                raise KemError("kernel_not_found", f"no kernel {call.kernel_id!r} on this node")
+            self._fetchers.submit(self._later, req_id, call, release, lambda: self.resolver.fetch(call.kernel_id))
+            return
+        admitted = self.guard.is_admitted(source, call) if self.guard is not None else source
+        if admitted is not None:
+            self._enqueue(req_id, call, admitted, release, may_inline=True)
+        else:
+            self._admitters.submit(self._later, req_id, call, release, lambda: source)
+
+    def _later(self, req_id: int, call: KernelCall, release: Callable[[], None], find: Callable[[], KernelSource]) -> None:
+        """On a fetch or admission thread: find the source, admit it, enqueue."""
+        try:
+            source = find()
+            if self.guard is not None:
+                source = self.guard.admit(source, call)
+            self._enqueue(req_id, call, source, release)
+            return
+        except KemError as exc:
+            error = exc
+        except Exception:
+            log.exception("kernel %s could not be prepared", call.kernel_id)
+            error = KemError("internal", "the kernel could not be prepared (details in the node's log)")
+        release()
+        self.fail(req_id, error)
+
+    def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
+                 may_inline: bool = False) -> None:
+        def answer(view: memoryview) -> None:
+            release()
+            self.reply(req_id, call, view)
+
+        def refuse(error: KemError) -> None:
+            release()
+            self.fail(req_id, error)
+
+        job = Job(call=call, source=source, reply=answer, fail=refuse)
+        if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
+            self.stats.inc("inline_calls")
+            return
+        try:
+            self.loop.put(job)
+        except QueueFull:
+            self.stats.inc("overloaded")
+            raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
+
+    def _may_run_inline(self, job: Job) -> bool:
+        """Only calls that cannot hold the reader long: small, no explicit
+        workgroup count, no shared-memory result, kernel already compiled,
+        and no other frame waiting in the pipe."""
+        call = job.call
+        return not (
+            call.batch_bytes > SMALL_CALL
+            or call.workgroups is not None
+            or call.output_path is not None
+            or not self.executor.is_warm(job.source, call)
+            or self.input_waiting()
+        )
+
+    def describe(self) -> dict:
+        return self.budget.describe() | (self.guard.describe() if self.guard is not None else {})

@@ -1,0 +1,167 @@
+"""Hostile kernels (issue 13, items 1 and 4): kernels that crashed or
+bloated the port's shader compiler are refused -- by structural limits or by
+the sacrificial compile worker -- with a clear reason, remembered by hash on
+disk, and the port keeps serving bystanders correct results meanwhile."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from kem_port import terms
+from kem_port.client import PortError
+from kem_port.admission.guard import CompileGuard, GuardSettings
+from kem_port.errors import KemError
+from kem_port.kernel_store import source_from_bytes
+from kem_port.gpu.calls import KernelCall
+from kem_port.admission.rejects import RejectStore
+from kem_port.admission.limits import check_structure
+
+HEAD = """@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+"""
+
+
+def kernel(body: str, before: str = "") -> str:
+    return (HEAD + before + "@compute @workgroup_size(64)\nfn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+            + "    if (g.x >= arrayLength(&out)) { return; }\n" + body + "\n}\n")
+
+
+CALL_CHAIN = "".join(f"fn f{i}(x: u32) -> u32 {{ return f{i + 1}(x) + f{i + 1}(x ^ 1u); }}\n" for i in range(40))
+ATTACKS = {
+    "parens": kernel("out[g.x] = " + "(" * 3000 + "inp[g.x]" + ")" * 3000 + ";"),
+    "calls": kernel("out[g.x] = " + "max(" * 3000 + "inp[g.x]" + ", 1u)" * 3000 + ";"),
+    "flat_sum": kernel("out[g.x] = " + " + ".join(["inp[g.x]"] * 15000) + ";"),
+    "else_if": kernel("var x = 0u;\nif (inp[0] == 0u) { x = 1u; }"
+                      + "".join(f" else if (inp[0] == {i}u) {{ x = {i}u; }}" for i in range(1, 10000)) + "\nout[g.x] = x;"),
+    "private_array": kernel("p[g.x % 7u] = inp[g.x]; out[g.x] = p[inp[0] % 1000u];", "var<private> p: array<u32, 50000000>;\n"),
+    # The size behind a constant: only the worker's memory limit sees it.
+    "private_array_const": kernel("p[g.x % 7u] = inp[g.x]; out[g.x] = p[inp[0] % 1000u];",
+                                  "const N = 50000000u;\nvar<private> p: array<u32, N>;\n"),
+    # 2^40 inlined calls: only the worker's deadline (or stack) sees it.
+    "doubling_calls": kernel("out[g.x] = f0(inp[g.x]);", CALL_CHAIN + "fn f40(x: u32) -> u32 { return x * 3u; }\n"),
+}
+TRIPLE = kernel("out[g.x] = inp[g.x] * 3u;")
+GUARD_ENV = {"KEM_COMPILE_TIMEOUT_MS": "4000", "KEM_COMPILE_MEMORY_MB": "512"}
+
+
+MAIN = KernelCall("k", b"", 4)  # a call of entry point main, no params
+
+
+def source(name: str, text: str):
+    return source_from_bytes(name, text.encode(), "kernels/" + name, "strict")
+
+
+@pytest.mark.parametrize("name", ["parens", "calls", "flat_sum", "else_if", "private_array"])
+def test_structural_limits_refuse_the_deep_and_the_large_cheaply(name):
+    started = time.perf_counter()
+    with pytest.raises(KemError) as err:
+        check_structure(ATTACKS[name])
+    print(f"{name}: refused in {(time.perf_counter() - started) * 1e3:.1f} ms: {err.value.detail}")
+    assert err.value.reason == "kernel_rejected"
+
+
+def test_structural_limits_pass_kem_kernels_and_ordinary_ones():
+    from kem_port.kernel_store import PACKAGED_KERNELS
+
+    for path in PACKAGED_KERNELS.glob("*.wgsl"):
+        check_structure(path.read_text())
+    check_structure(kernel("out[g.x] = " + " + ".join(["inp[g.x]"] * 100) + ";", "var<private> p: array<u32, 4096>;\n"))
+
+
+@pytest.fixture(scope="module")
+def guard(tmp_path_factory):
+    store = tmp_path_factory.mktemp("rejected")
+    guard = CompileGuard(GuardSettings(timeout_s=4.0, memory_mb=512), RejectStore(store))
+    yield guard
+    guard.close()
+
+
+def test_worker_refuses_what_structure_cannot_see_and_remembers_it_on_disk(guard):
+    for name in ("private_array_const", "doubling_calls"):
+        started = time.perf_counter()
+        with pytest.raises(KemError) as err:
+            guard.admit(source(name, ATTACKS[name]), MAIN)
+        print(f"{name}: {err.value.detail} after {time.perf_counter() - started:.1f} s")
+        assert err.value.reason == "kernel_rejected"
+        # A fresh guard (a restarted port) over the same directory refuses at once.
+        fresh = CompileGuard(guard.settings, RejectStore(guard.rejects.directory))
+        with pytest.raises(KemError) as again:
+            fresh.admit(source(name, ATTACKS[name]), MAIN)
+        assert again.value.reason == "kernel_rejected" and "refused before" in again.value.detail
+        assert fresh._worker is None  # no compile was needed to refuse it
+
+
+def test_new_kernels_pay_one_worker_round_trip_known_ones_none(guard):
+    rounds = []
+    for k in range(5):
+        text = kernel(f"out[g.x] = inp[g.x] * {k + 5}u;")
+        started = time.perf_counter()
+        admitted = guard.admit(source(f"k{k}", text), MAIN)
+        rounds.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert guard.is_admitted(source(f"k{k}", text), MAIN) is admitted
+        known = time.perf_counter() - started
+    print(f"new kernel: {min(rounds) * 1e3:.1f}-{max(rounds) * 1e3:.1f} ms; known kernel lookup {known * 1e6:.1f} us")
+
+
+def test_compile_errors_are_the_callers_and_not_remembered_on_disk(guard):
+    with pytest.raises(KemError) as err:
+        guard.admit(source("broken", kernel("out[g.x] = inp[g.x] * ;")), MAIN)
+    assert err.value.reason == "shader_error"
+    assert guard.rejects.lookup(source("broken", kernel("out[g.x] = inp[g.x] * ;")).sha256) is None
+
+
+def test_reject_store_trusts_nothing_it_reads(tmp_path):
+    store = RejectStore(tmp_path)
+    sha = "ab" * 32
+    (tmp_path / sha).write_bytes(b"x" * 100_000)
+    assert len(store.lookup(sha)) == 512
+    os.symlink("/etc/passwd", tmp_path / ("cd" * 32))
+    assert store.lookup("cd" * 32) is None
+    os.mkfifo(tmp_path / ("ef" * 32))
+    assert store.lookup("ef" * 32) is None  # a FIFO neither hangs nor counts
+    assert store.lookup("../" + sha) is None and store.lookup(sha + "\n") is None
+    store.remember("12" * 32, "why")
+    assert RejectStore(tmp_path).lookup("12" * 32) == "why"
+    assert oct(os.stat(tmp_path / ("12" * 32)).st_mode & 0o777) == "0o600"
+
+
+def test_hostile_kernels_through_the_port_leave_bystanders_served(kernel_dir, rng):
+    for name, text in ATTACKS.items():
+        (kernel_dir / f"{name}.wgsl").write_text(text)
+    (kernel_dir / "triple.wgsl").write_text(TRIPLE)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"), **GUARD_ENV) as port:
+        pid = port.proc.pid
+
+        def bystander(n: int) -> None:
+            words = rng.integers(0, 2**32, n, dtype=np.uint32)
+            kernel_id = b"double" if n % 2 else b"triple"
+            factor = np.uint32(2 if n % 2 else 3)
+            assert port.call("execute_kernel", kernel_id, words.tobytes(), 1) == (words * factor).tobytes()
+
+        with ThreadPoolExecutor(8) as pool:
+            flood = [pool.submit(bystander, n) for n in range(1, 400)]
+            attacks = {name: pool.submit(port.call, "execute_kernel", name.encode(), bytes(256), 1) for name in ATTACKS}
+            for name, fut in attacks.items():
+                with pytest.raises(PortError) as err:
+                    fut.result(120)
+                print(f"{name}: {err.value.reason}: {err.value.detail}")
+                assert err.value.reason == "kernel_rejected", name
+                assert "/" not in err.value.detail  # reasons, not paths
+            for fut in flood:
+                fut.result(120)
+        for name in ATTACKS:  # refused the second time from the record, without a compile
+            with pytest.raises(PortError) as err:
+                port.call("execute_kernel", name.encode(), bytes(256), 1)
+            assert err.value.reason == "kernel_rejected" and "refused before" in err.value.detail
+        stats = port.call("stats")
+        assert stats[terms.atom("kernels_rejected")] == len(ATTACKS)
+        assert stats[terms.atom("kernels_refused")] == len(ATTACKS)
+        assert port.proc.pid == pid and port.proc.poll() is None
+        bystander(1001)

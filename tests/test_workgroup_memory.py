@@ -1,0 +1,113 @@
+"""No memory of one caller visible to another (issue 13, item 2): on
+lavapipe a kernel that declared a workgroup array and never wrote it read
+back another caller's input. kem clears workgroup variables at the start of
+each entry point (admission/zeroing.py) where the adapter leaks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from kem_port.errors import KemError
+from kem_port.admission.zeroing import strip_comments, zero_workgroup_memory
+
+HEAD = """@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+"""
+WRITER = HEAD + """var<workgroup> secret: array<u32, 256>;
+var<workgroup> tally: atomic<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    let k = w.x * 256u + i;
+    secret[i] = inp[k];
+    atomicAdd(&tally, inp[k]);
+    workgroupBarrier();
+    out[k] = secret[255u - i];
+}
+"""
+# Reads the same declarations and writes none of them: WGSL says zeros.
+READER = HEAD + """var<workgroup> secret: array<u32, 256>;
+var<workgroup> tally: atomic<u32>;
+@compute @workgroup_size(16, 16)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {
+    let i = l.x + l.y * 16u;
+    out[w.x * 256u + i] = secret[i] | atomicLoad(&tally) | (inp[0] & 0u);
+}
+"""
+# A workgroup reduction: per 64 words, their sum, through workgroup memory.
+REDUCE = HEAD + """struct Local { @builtin(local_invocation_index) index: u32, @builtin(workgroup_id) group: vec3<u32> }
+var<workgroup> partial: array<u32, 64>;
+@compute @workgroup_size(64)
+fn main(local: Local) {
+    partial[local.index] = inp[local.group.x * 64u + local.index];
+    workgroupBarrier();
+    for (var step = 32u; step > 0u; step = step / 2u) {
+        if (local.index < step) { partial[local.index] += partial[local.index + step]; }
+        workgroupBarrier();
+    }
+    if (local.index == 0u) { out[local.group.x] = partial[0]; }
+}
+"""
+
+
+@pytest.fixture
+def wg_port(kernel_dir):
+    for name, text in (("wg_write", WRITER), ("wg_read", READER), ("reduce", REDUCE)):
+        (kernel_dir / f"{name}.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        yield port
+
+
+def test_a_callers_workgroup_secrets_never_reach_the_next(wg_port, rng):
+    for groups in (1, 3, 8):
+        secret = rng.integers(1, 2**32, 256 * groups, dtype=np.uint32)
+        written = np.frombuffer(wg_port.call("execute_kernel", b"wg_write", secret.tobytes(), 1), np.uint32)
+        assert np.array_equal(written, secret.reshape(groups, 256)[:, ::-1].ravel())
+        read = wg_port.call("execute", b"wg_read", bytes(1024 * groups), {"workgroups": (groups, 1, 1)})
+        assert not any(read), "workgroup memory leaked from the previous caller"
+
+
+def test_no_leak_inside_one_batch(wg_port, rng):
+    secrets = [rng.integers(1, 2**32, 256, dtype=np.uint32) for _ in range(40)]
+    futures = []
+    for secret in secrets:  # interleaved: batches mix writers and readers
+        futures.append(wg_port.call_async("execute_kernel", b"wg_write", secret.tobytes(), 1))
+        futures.append(wg_port.call_async("execute", b"wg_read", bytes(1024), {"workgroups": (1, 1, 1)}))
+    for secret, writer, reader in zip(secrets, futures[::2], futures[1::2]):
+        assert np.frombuffer(writer.result(60), np.uint32).tolist() == secret[::-1].tolist()
+        assert not any(reader.result(60))
+
+
+def test_cleared_kernels_still_compute_right(wg_port, rng):
+    for groups in (1, 5, 64):
+        words = rng.integers(0, 2**26, 64 * groups, dtype=np.uint32)
+        out = wg_port.call("execute", b"reduce", words.tobytes(), {"output_size": 4 * groups, "workgroups": (groups, 1, 1)})
+        assert np.frombuffer(out, np.uint32).tolist() == words.reshape(groups, 64).sum(axis=1, dtype=np.uint32).tolist()
+
+
+def test_the_probe_sees_the_leak_and_the_rewrite_closes_it():
+    from kem_port.admission.probe import open_device, workgroup_memory_leaks
+
+    adapter, device = open_device(None)
+    leaks = workgroup_memory_leaks(device)
+    print(f"{adapter.info.get('device')}: workgroup memory leaks between dispatches: {leaks}")
+    assert not workgroup_memory_leaks(device, zero_workgroup_memory)
+
+
+def test_rewrite_uses_the_index_a_kernel_already_has():
+    assert "_kem_lii" not in zero_workgroup_memory(WRITER)  # parameter i
+    assert "local.index" in zero_workgroup_memory(REDUCE)  # struct member
+    assert "@builtin(local_invocation_index) _kem_lii: u32, @builtin(global" in zero_workgroup_memory(READER)
+    assert zero_workgroup_memory(HEAD + "@compute @workgroup_size(1) fn main() {}") == HEAD + "@compute @workgroup_size(1) fn main() {}"
+
+
+def test_rewrite_ignores_comments_and_refuses_what_it_cannot_clear():
+    commented = HEAD + "// var<workgroup> fake: u32;\n/* var<workgroup> /* nested */ also: u32; */\n@compute @workgroup_size(1) fn main() {}"
+    assert zero_workgroup_memory(commented) == commented
+    text = "a /* b /* c */ d */ e // f\ng"
+    assert strip_comments(text).split() == ["a", "e", "g"] and len(strip_comments(text)) == len(text)
+    struct_atomic = HEAD + "struct S { n: atomic<u32> }\nvar<workgroup> s: S;\n@compute @workgroup_size(1) fn main() {}"
+    with pytest.raises(KemError) as err:
+        zero_workgroup_memory(struct_atomic)
+    assert err.value.reason == "kernel_rejected"
