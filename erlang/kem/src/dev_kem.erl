@@ -284,6 +284,7 @@ status(owner_not_allowed) -> 403;
 status(shader_error) -> 422;
 status(bad_kernel) -> 422;
 status(dispatch_too_large) -> 422;
+status(kernel_rejected) -> 422;
 status(no_buffer) -> 400;
 status(quota_exceeded) -> 413;
 status(overloaded) -> 503;
@@ -296,7 +297,7 @@ status(Reason) ->
     case lists:member(Reason, [id_mismatch, bad_signature, data_root_mismatch, size_mismatch,
                                header_unavailable, bad_header, pin_mismatch,
                                unsupported_signature_type, fetch_failed, unreachable,
-                               http_error]) of
+                               http_error, bad_response]) of
         true -> 502;
         false -> 500
     end.
@@ -332,3 +333,22 @@ event(Topic, Term) ->
         true -> hb_event:log(Topic, Term, ?MODULE, ?FUNCTION_NAME, ?LINE);
         false -> logger:debug("~p: ~p", [Topic, Term])
     end.
+
+%%% tests
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+%% Every reason the port or kem can give maps to the side that must act:
+%% the requester (4xx) for what a request or its kernel did, the node or an
+%% upstream gateway (5xx) for what failed to run.
+status_by_reason_test() ->
+    Client = [bad_args, invalid_kernel_id, kernel_not_found, too_large, shader_error,
+              bad_kernel, kernel_rejected, no_buffer, quota_exceeded, not_pinned],
+    [?assert(status(R) >= 400 andalso status(R) < 500) || R <- Client],
+    ?assertEqual(422, status(kernel_rejected)),
+    ?assertEqual(503, status(quarantined)),
+    ?assertEqual(502, status(bad_response)),
+    ?assertEqual(502, status(fetch_failed)),
+    ?assertEqual(500, status(internal)).
+-endif.
