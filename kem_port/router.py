@@ -64,7 +64,7 @@ class Router:
         self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
-        self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self)  # docs/sessions.md
+        self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
 
     def start(self) -> None:
         self.loop.start()

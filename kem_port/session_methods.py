@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kem_port import session_protocol as sp
 from kem_port import terms
+from kem_port.admission.guard import CompileGuard
 from kem_port.errors import KemError, bad_args
 from kem_port.gpu.chain_plan import Chain, Step, StepError
 from kem_port.config import Config
@@ -48,7 +49,9 @@ class Replies(Protocol):
 
 
 class SessionMethods:
-    def __init__(self, loop: GpuLoop, executor: Executor, resolver: KernelResolver, fetchers: Threads, router: Replies) -> None:
+    def __init__(self, loop: GpuLoop, executor: Executor, resolver: KernelResolver, fetchers: Threads, router: Replies,
+                 guard: CompileGuard | None = None) -> None:
+        self.guard = guard  # session and chain kernels are admitted as calls' kernels are (docs/security.md)
         self.loop = loop
         self.resolver = resolver
         self.fetchers = fetchers
@@ -133,20 +136,23 @@ class SessionMethods:
         for index, step in enumerate(steps):
             if step.kernel_id in remote and not resolver.needs_fetch(step.kernel_id):
                 raise StepError(index, KemError("kernel_not_found", f"no kernel {step.kernel_id!r}"))
+        # A fetch or a first admission (a worker round trip) never runs on the reader.
+        later = bool(remote) or not self._all_admitted(steps)
+
         def run() -> None:
             work = self._chain_work(method, ref, steps, data, returns)
-            self._submit(req_id, work, small=not remote and self._small_chain(ref, steps, data))
+            self._submit(req_id, work, small=not later and self._small_chain(ref, steps, data))
 
-        if remote:
+        if later:
             self.fetchers.submit(self._answering(req_id, run))
         else:
             run()
 
     def _chain_work(self, method: str, ref, steps: list[sp.StepArgs], data: bytes, returns) -> Work:
-        sources = {s.kernel_id: self._source(i, s.kernel_id) for i, s in enumerate(steps)}
         chain_steps = tuple(
-            Step(sources[s.kernel_id], s.params, s.workgroups, s.entry_point, s.bind, s.input, s.output, s.output_size)
-            for s in steps
+            Step(self._source(i, s.kernel_id, s.entry_point), s.params, s.workgroups, s.entry_point, s.bind, s.input,
+                 s.output, s.output_size)
+            for i, s in enumerate(steps)
         )
         store, chains = self.service.sessions, self.service.chains
 
@@ -175,10 +181,17 @@ class SessionMethods:
             and all(pipelines.has(self.resolver.resolve_local(s.kernel_id), s.entry_point, s.params) for s in steps)
         )
 
-    def _source(self, index: int, kernel_id: str) -> KernelSource:
+    def _all_admitted(self, steps: list[sp.StepArgs]) -> bool:
+        if self.guard is None:
+            return True
+        sources = [(self.resolver.resolve_local(s.kernel_id), s.entry_point) for s in steps]
+        return all(src is not None and self.guard.is_admitted_for_session(src, entry) for src, entry in sources)
+
+    def _source(self, index: int, kernel_id: str, entry: str) -> KernelSource:
         resolver = self.resolver
         try:
-            return resolver.resolve_local(kernel_id) or resolver.fetch(kernel_id)
+            source = resolver.resolve_local(kernel_id) or resolver.fetch(kernel_id)
+            return self.guard.admit_for_session(source, entry) if self.guard is not None else source
         except KemError as exc:
             raise StepError(index, exc) from None
 

@@ -165,3 +165,21 @@ def test_hostile_kernels_through_the_port_leave_bystanders_served(kernel_dir, rn
         assert stats[terms.atom("kernels_refused")] == len(ATTACKS)
         assert port.proc.pid == pid and port.proc.poll() is None
         bystander(1001)
+
+
+def test_chain_kernels_are_admitted_like_call_kernels(kernel_dir, rng):
+    """A chain (dev_kem's execute_chain, kem:chain) compiles its kernels
+    through the same guard: an attack in step 2 is refused with the step's
+    index, and the port keeps its pid and serves the next chain."""
+    (kernel_dir / "parens.wgsl").write_text(ATTACKS["parens"])
+    (kernel_dir / "doubling_calls.wgsl").write_text(ATTACKS["doubling_calls"])
+    (kernel_dir / "triple.wgsl").write_text(TRIPLE)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"), **GUARD_ENV) as port:
+        pid = port.proc.pid
+        words = rng.integers(0, 2**30, 64, dtype=np.uint32)
+        for attack in ("parens", "doubling_calls"):
+            with pytest.raises(PortError) as err:
+                port.chain([{"kernel": "triple"}, {"kernel": attack}], input=words.tobytes())
+            assert (err.value.reason, err.value.step) == ("kernel_rejected", 2), attack
+        assert port.chain([{"kernel": "triple"}, {"kernel": "double"}], input=words.tobytes()) == (words * 6).tobytes()
+        assert port.proc.pid == pid and port.proc.poll() is None

@@ -46,6 +46,7 @@ from kem_port.admission.zeroing import zero_workgroup_memory
 log = logging.getLogger("kem_port.admission.guard")
 
 FAILED_CACHE = 1024  # compile errors remembered in memory (cheap to redo)
+SESSION = "session"  # the third part of the key of a kernel admitted for sessions and chains
 class CompileGuard:
     def __init__(self, settings: GuardSettings, rejects: RejectStore, stats=None) -> None:
         self.settings = settings
@@ -71,7 +72,19 @@ class CompileGuard:
         KemError. Blocks for one worker round trip the first time: call it
         off the reader and GPU threads."""
         entry, has_params = call.entry_point, call.params is not None
-        key = (source.sha256, entry, has_params)
+        return self._admit((source.sha256, entry, has_params), source, lambda: check_layout(reflect(source.text), call))
+
+    def is_admitted_for_session(self, source: KernelSource, entry: str) -> KernelSource | None:
+        """Like is_admitted, for a kernel run in a session or chain."""
+        return self._admitted.get((source.sha256, entry, SESSION))
+
+    def admit_for_session(self, source: KernelSource, entry: str) -> KernelSource:
+        """admit() for a session or chain kernel: the same refusals, limits,
+        workgroup clearing and sacrificial compile; its bindings are checked
+        by the session contract when the chain is planned."""
+        return self._admit((source.sha256, entry, SESSION), source, lambda: None)
+
+    def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
         found = self._admitted.get(key)
         if found is not None:
             return found
@@ -81,7 +94,7 @@ class CompileGuard:
             raise KemError("kernel_rejected", f"kernel {source.kernel_id} was refused before: {refused}")
         # kem's own contract (bindings, entry point): the same clear errors
         # the executor gives, before any compile.
-        check_layout(reflect(source.text), call)
+        check_contract()
         if _packaged(source):
             self._admitted[key] = source
             return source
@@ -91,9 +104,10 @@ class CompileGuard:
                 raise found
             if found is not None:
                 return found
-            return self._admit_new(key, source, entry, has_params)
+            return self._admit_new(key, source)
 
-    def _admit_new(self, key, source: KernelSource, entry: str, has_params: bool) -> KernelSource:
+    def _admit_new(self, key, source: KernelSource) -> KernelSource:
+        _, entry, shape = key
         try:
             check_structure(source.text)
         except KemError as exc:
@@ -103,7 +117,10 @@ class CompileGuard:
         text = source.text
         if self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup):
             text = zero_workgroup_memory(text)
-        request = {"code": text, "entry": entry, "has_params": has_params}
+        if shape == SESSION:
+            request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
+        else:
+            request = {"code": text, "entry": entry, "has_params": shape}
         started = time.perf_counter()
         try:
             reply = worker.compile(request)

@@ -55,14 +55,15 @@ def compile_kernel(device: Any, request: dict) -> dict:
     from kem_port.gpu.contract import layout_entries
     from kem_port.gpu.wgsl_reflect import reflect
 
-    # The very layout the port builds (gpu/pipelines.py).
-    entries = layout_entries(reflect(request["code"]), bool(request["has_params"]))
     try:
-        layout = device.create_bind_group_layout(entries=entries)
-        device.create_compute_pipeline(
-            layout=device.create_pipeline_layout(bind_group_layouts=[layout]),
-            compute={"module": module, "entry_point": request["entry"]},
-        )
+        if request.get("layout") == "auto":
+            # A session or chain kernel binds named buffers beyond kem's
+            # three (gpu/session_contract.py): the shader's own layout.
+            layout = "auto"
+        else:  # the very layout the port builds (gpu/pipelines.py)
+            entries = layout_entries(reflect(request["code"]), bool(request["has_params"]))
+            layout = device.create_pipeline_layout(bind_group_layouts=[device.create_bind_group_layout(entries=entries)])
+        device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": request["entry"]})
     except wgpu.GPUError as exc:
         return {"ok": False, "reason": "bad_kernel", "detail": str(exc)[:4000]}
     return {"ok": True}
