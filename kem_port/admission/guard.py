@@ -46,6 +46,7 @@ from kem_port.admission.zeroing import zero_workgroup_memory
 log = logging.getLogger("kem_port.admission.guard")
 
 FAILED_CACHE = 1024  # compile errors remembered in memory (cheap to redo)
+HEALTH_KERNEL = PACKAGED_KERNELS / "double.wgsl"  # compiled to check the worker after a failure
 SESSION = "session"  # the third part of the key of a kernel admitted for sessions and chains
 class CompileGuard:
     def __init__(self, settings: GuardSettings, rejects: RejectStore, stats=None) -> None:
@@ -133,6 +134,13 @@ class CompileGuard:
             self._time("guard_compile", time.perf_counter() - started)
         if not reply.get("ok"):
             error = KemError(str(reply.get("reason", "bad_kernel")), str(reply.get("detail", "")))
+            if not self._still_compiles(worker):
+                # On the H100 a kernel that exhausts the worker's memory limit
+                # fails as a validation error and leaves the worker unable to
+                # compile anything after it: a kernel that breaks the worker
+                # is refused like one that kills it, and the worker replaced.
+                self._remember_rejection(source, "exhausted the compile worker's resource limits")
+                raise KemError("kernel_rejected", f"kernel {source.kernel_id} exhausted the compile worker's resource limits")
             self._failed[key] = error
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
@@ -141,6 +149,19 @@ class CompileGuard:
         self._admitted[key] = admitted
         self._count("kernels_admitted")
         return admitted
+
+    def _still_compiles(self, worker: CompileWorker) -> bool:
+        """After a failed compile: does the worker still compile a known-good
+        kernel? If not it is replaced (one more round trip, ~10 ms)."""
+        try:
+            healthy = bool(worker.compile({"code": HEALTH_KERNEL.read_text(), "entry": "main", "has_params": False}).get("ok"))
+        except WorkerDied:
+            healthy = False
+        if not healthy:
+            worker.close()
+            self._worker = None
+            self._respawn()
+        return healthy
 
     def _remember_rejection(self, source: KernelSource, why: str) -> None:
         log.warning("kernel %s (sha256 %s) refused: %s", source.kernel_id, source.sha256, why)
