@@ -242,8 +242,9 @@ bad(Status, Reason, Detail) -> throw({bad_request, Status, Reason, Detail}).
 
 %%% replies
 
-usage_keys(#{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
+usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
     #{<<"kem-usage-kernel-id">> => K,
+      <<"kem-usage-node">> => atom_to_binary(maps:get(node, Usage, node()), utf8),
       <<"kem-usage-bytes-in">> => In,
       <<"kem-usage-bytes-out">> => Out,
       <<"kem-usage-us">> => Us,
@@ -291,6 +292,8 @@ status(overloaded) -> 503;
 status(quarantined) -> 503;
 status(port_unavailable) -> 503;
 status(not_started) -> 503;
+status(no_kem_node) -> 503;
+status(no_local_gpu) -> 503;
 status(timeout) -> 504;
 status(Reason) ->
     %% Every gateway failed to prove the kernel: the fault is upstream.

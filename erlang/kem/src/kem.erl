@@ -3,12 +3,13 @@
 %%%
 %%% Every call goes through `call_usage/3', the one place that checks
 %%% arguments (kem_args), refuses quarantined kernels (kem_quarantine),
-%%% picks a port (round robin over `kem_sup:port_names/0'), applies the
-%%% timeout and counts the call (kem_metrics).
+%%% picks a port (`kem_place': adapter groups, kernel affinity) or forwards
+%%% to another node (`kem_cluster', on a node without local GPUs), applies
+%%% the timeout and counts the call (kem_metrics).
 -module(kem).
 
 -export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
-         metrics/0, call/3, call_usage/3, default_timeout/0]).
+         metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
@@ -23,12 +24,14 @@
                   max_output_bytes => non_neg_integer(),
                   usage => boolean()}.
 %% What one call cost, for metering: `us' is GPU time where the port
-%% measured it (`clock => gpu'), else the caller's wall time (`clock => wall').
+%% measured it (`clock => gpu'), else the caller's wall time (`clock => wall');
+%% `node' is the node whose GPU ran it (another one when forwarded, kem_cluster).
 -type usage() :: #{kernel_id := binary() | undefined,
                    bytes_in := non_neg_integer(),
                    bytes_out := non_neg_integer(),
                    us := non_neg_integer(),
-                   clock := gpu | wall}.
+                   clock := gpu | wall,
+                   node => node()}.
 -export_type([kernel_id/0, opts/0, usage/0]).
 
 -define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
@@ -94,7 +97,8 @@ ping() ->
 metrics() ->
     kem_metrics:text().
 
-%% @doc Send Method/Args to the next port in turn.
+%% @doc Send Method/Args to the port `kem_place' picks, or, on a node
+%% without local GPUs (or with all its ports down), to another kem node.
 -spec call(term(), term(), term()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Method, Args, Timeout) ->
     element(1, call_usage(Method, Args, Timeout)).
@@ -143,6 +147,12 @@ buffer_list(Session) -> kem_session:buffer_list(Session).
 -spec buffer_free(kem_session:session(), kem_session:name()) -> ok | {error, kem_port:reason()}.
 buffer_free(Session, Name) -> kem_session:buffer_free(Session, Name).
 
+%% @doc This node's port groups, one per adapter, with their state
+%% (`up', `degraded', `down') and counters (kem_place).
+-spec adapters() -> [map()].
+adapters() ->
+    kem_place:groups().
+
 %%% internals
 
 budgeted(Method, Args, Budget, Timeout) ->
@@ -170,28 +180,50 @@ request_budget() ->
 %% Arguments checked: quarantine, a port, the call, its cost.
 checked_call(Method, Args, Timeout) ->
     Start = erlang:monotonic_time(microsecond),
-    Reply = port_call(Method, Args, Timeout),
+    {Reply, Node} = case kem_cluster:local_gpus() of
+        true -> local_or_fallback(Method, Args, Timeout);
+        false -> kem_cluster:forward(Method, Args, Timeout)
+    end,
     WallUs = erlang:monotonic_time(microsecond) - Start,
     {KernelId, BytesIn} = kernel_and_input(Args),
     BytesOut = case Reply of {ok, Bin} when is_binary(Bin) -> byte_size(Bin); _ -> 0 end,
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
-              us => WallUs, clock => wall}}.
+              us => WallUs, clock => wall, node => Node}}.
+
+%% @doc Run Method/Args on this node's ports only (a call forwarded here:
+%% its arguments were checked where it was made).
+-spec call_local(atom(), tuple(), timeout()) -> {ok, term()} | {error, kem_port:reason()}.
+call_local(Method, Args, Timeout) ->
+    port_call(Method, Args, Timeout).
+
+%% With every local port down (restarting), another node may take the call.
+local_or_fallback(Method, Args, Timeout) ->
+    case call_local(Method, Args, Timeout) of
+        {error, {port_unavailable, _}} = Down -> kem_cluster:fallback(Method, Args, Timeout, Down);
+        Reply -> {Reply, node()}
+    end.
 
 port_call(Method, Args, Timeout) ->
     Kernel = kernel_of(Method, Args),
     case quarantine_check(Kernel) of
         ok ->
-            case next_port() of
-                {ok, Port} -> quarantine_on_timeout(Kernel, Timeout, kem_shm:call(Port, Method, Args, Timeout));
-                Error -> Error
+            {KernelId, _} = kernel_and_input(Args),
+            case kem_place:pick(KernelId) of
+                {ok, I, Port} ->
+                    Start = erlang:monotonic_time(microsecond),
+                    Reply = quarantine_on_timeout(Kernel, Timeout, kem_shm:call(Port, Method, Args, Timeout)),
+                    ok = kem_place:done(I, Reply, erlang:monotonic_time(microsecond) - Start),
+                    Reply;
+                Error ->
+                    Error
             end;
         Refused ->
             Refused
     end.
 
 no_usage() ->
-    #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall}.
+    #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall, node => node()}.
 
 kernel_and_input(Args) when tuple_size(Args) >= 2,
                             is_binary(element(1, Args)), is_binary(element(2, Args)) ->
@@ -219,15 +251,6 @@ quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
     Result;
 quarantine_on_timeout(_Kernel, _Timeout, Result) ->
     Result.
-
-next_port() ->
-    case persistent_term:get({kem, ports}, undefined) of
-        undefined ->
-            {error, {not_started, <<"application kem is not running">>}};
-        {Names, Counter} ->
-            N = atomics:add_get(Counter, 1, 1),
-            {ok, element(1 + (N rem tuple_size(Names)), Names)}
-    end.
 
 each_port(Method) ->
     case persistent_term:get({kem, ports}, undefined) of

@@ -7,6 +7,13 @@
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
+    %% A front node without GPUs (kem_cluster) needs no Python.
+    case kem_cluster:local_gpus() of
+        true -> start_with_python();
+        false -> kem_sup:start_link()
+    end.
+
+start_with_python() ->
     case kem_python:check() of
         {ok, _Python} -> kem_sup:start_link();
         {error, Reason} -> {error, Reason}
@@ -17,6 +24,7 @@ start(_Type, _Args) ->
 -spec prep_stop(term()) -> term().
 prep_stop(State) ->
     _ = persistent_term:erase({kem, ports}),
+    _ = persistent_term:erase({kem, place}),
     State.
 
 -spec stop(term()) -> ok.

@@ -105,7 +105,7 @@ families() ->
       Sum(fun({port_starts, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
      {<<"kem_port_exits_total">>, counter, <<"Python port processes that exited (crash, kill, timeout)">>,
       Sum(fun({port_exits, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)}
-     | port_families()].
+     | port_families() ++ kem_cluster_metrics:families()].
 
 histograms(Snap) ->
     Methods = lists:usort([M || {{duration_sum_us, M}, _} <- Snap]),

@@ -16,7 +16,7 @@
 -module(kem_port).
 -behaviour(gen_server).
 
--export([start_link/2, start_link/3, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
+-export([start_link/2, start_link/3, start_link/4, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
 
 -define(MARGIN_MS, 2000).
@@ -37,6 +37,13 @@ start_link(Name, Index) ->
 -spec start_link(atom(), pos_integer(), string() | undefined) -> {ok, pid()} | {error, term()}.
 start_link(Name, Index, ShmDir) ->
     gen_server:start_link({local, Name}, ?MODULE, {Name, Index, {module, "kem_port"}, ShmDir}, []).
+
+%% @doc With Env on top of the settings (a port group's `KEM_ADAPTER',
+%% kem_place).
+-spec start_link(atom(), pos_integer(), string() | undefined, [{string(), string()}]) ->
+    {ok, pid()} | {error, term()}.
+start_link(Name, Index, ShmDir, Env) ->
+    gen_server:start_link({local, Name}, ?MODULE, {Name, Index, {module, "kem_port"}, ShmDir, Env}, []).
 
 %% @doc An unregistered, unsupervised owner of another Python module that
 %% speaks the same protocol.
@@ -90,10 +97,12 @@ os_pid(Server) ->
 
 %%% gen_server
 
-init({Name, _Index, Command, ShmDir}) ->
+init({Name, Index, Command, ShmDir}) ->
+    init({Name, Index, Command, ShmDir, []});
+init({Name, _Index, Command, ShmDir, Env}) ->
     process_flag(trap_exit, true),
     Python = python_executable(),
-    case open(Python, Command, ShmDir) of
+    case open(Python, Command, ShmDir, Env) of
         {ok, Port} ->
             State = #{name => Name, port => Port, next => 1, pending => #{},
                       os_pid => os_pid_of(Port)},
@@ -248,10 +257,11 @@ os_pid_of(Port) ->
         _ -> undefined
     end.
 
-open(Python, Command, ShmDir) ->
+open(Python, Command, ShmDir, Env) ->
     Args = case Command of {module, Module} -> ["-m", Module]; {script, Path} -> [Path] end,
+    Base = [{K, V} || {K, V} <- port_env(ShmDir), not lists:keymember(K, 1, Env)],
     Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
-            {args, Args}, {env, port_env(ShmDir)}],
+            {args, Args}, {env, Base ++ Env}],
     try
         {ok, open_port({spawn_executable, Python}, Opts)}
     catch

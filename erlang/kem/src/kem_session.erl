@@ -183,6 +183,8 @@ bad_session() ->
 pick_port() ->
     case persistent_term:get({kem, ports}, undefined) of
         undefined -> {error, {not_started, <<"application kem is not running">>}};
+        %% A front node (kem_cluster): sessions are not forwarded.
+        {{}, _} -> {error, {no_local_gpu, <<"sessions need a node with local GPUs">>}};
         {Names, _} -> {ok, element(1 + rand:uniform(tuple_size(Names)) - 1, Names)}
     end.
 

@@ -1,4 +1,5 @@
-%%% @doc Supervises the port owners: one `kem_port' per configured port.
+%%% @doc Supervises the port owners: `ports' `kem_port's per adapter group
+%%% (kem_adapters picks the adapters, kem_place numbers the ports).
 %%% A port that exits (crash, kill, timeout restart) is started again; its
 %%% waiting callers have already been answered by its `terminate'.
 -module(kem_sup).
@@ -12,42 +13,50 @@ start_link() ->
 %% @doc The registered names of the port owners, for `kem' to spread calls.
 -spec port_names() -> [atom()].
 port_names() ->
-    [port_name(I) || I <- lists:seq(1, port_count())].
+    case persistent_term:get({kem, ports}, undefined) of
+        undefined -> [];
+        {Names, _} -> tuple_to_list(Names)
+    end.
 
 init([]) ->
     %% The shared-memory directory is made here and handed to its owner and
     %% to every port owner: no port owner looks it up (kem_shm_dir).
     ShmDir = kem_shm_dir:create(),
-    Count = port_count(),
-    Counter = atomics:new(1, [{signed, false}]),
-    persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),
+    %% One group of `ports' ports per adapter (kem_adapters, kem_place).
+    Specs = kem_place:setup(adapter_groups(), ports_per_group()),
     %% First, so its table outlives every port restart.
     Metrics = #{id => kem_metrics, start => {kem_metrics, start_link, []},
                 restart => permanent, shutdown => 5000, type => worker,
                 modules => [kem_metrics]},
     Ports = [
-        #{id => port_name(I),
-          start => {kem_port, start_link, [port_name(I), I, dir_or_undefined(ShmDir)]},
+        #{id => Name,
+          start => {kem_port, start_link, [Name, I, dir_or_undefined(ShmDir), Env]},
           restart => permanent,
           shutdown => 5000,
           type => worker,
           modules => [kem_port]}
-     || I <- lists:seq(1, Count)],
+     || {I, {Name, Env}} <- lists:zip(lists:seq(1, length(Specs)), Specs)],
     Owners = [#{id => kem_shm_dir, start => {kem_shm_dir, start_link, [ShmDir]}},
               #{id => kem_quarantine, start => {kem_quarantine, start_link, []}}],
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
-    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, [Metrics | Owners ++ Ports] ++ [Session]}}.
+    %% The cluster's children last: a node serves others once its ports answer.
+    {ok, {#{strategy => one_for_one, intensity => 50, period => 10},
+          [Metrics | Owners ++ Ports] ++ [Session] ++ kem_cluster:children()}}.
 
 dir_or_undefined({ok, Dir}) -> Dir;
 dir_or_undefined({error, _}) -> undefined.
 
-port_count() ->
+%% None on a front node (kem_cluster).
+adapter_groups() ->
+    case kem_cluster:local_gpus() of
+        true -> kem_adapters:groups();
+        false -> []
+    end.
+
+ports_per_group() ->
     case application:get_env(kem, ports, 1) of
         N when is_integer(N), N >= 1 -> N;
         Other -> error({bad_config, {ports, Other}})
     end.
-
-port_name(I) ->
-    list_to_atom("kem_port_" ++ integer_to_list(I)).

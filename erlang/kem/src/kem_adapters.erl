@@ -1,0 +1,120 @@
+%%% @doc Which adapters this node runs port groups on (docs/cluster.md).
+%%%
+%%% App env `adapters':
+%%% - `auto' (default): ask Python once at start which adapters exist (the
+%%%   `kem adapters --json' command, the port's own code); every Vulkan GPU
+%%%   gets a group; a CPU adapter only when there is no GPU;
+%%% - `none': no local adapter: a front node (as `local_gpus => false');
+%%% - `[Index, ...]': these adapter indexes, no discovery; an index given
+%%%   twice is two groups on one adapter (the multi-group test setup on a
+%%%   machine with one adapter).
+%%% `exclude' (indexes) drops adapters; `weights' (`#{Index => W}') scales a
+%%% group's share of spilled calls (kem_place). An `adapter' setting (one
+%%% adapter pinned, by index or name) keeps the single group it always
+%%% meant, as does a discovery that fails or finds nothing: then the port
+%%% picks its adapter itself and says why it cannot start, as before.
+-module(kem_adapters).
+-export([groups/0, choose/2, port_env/1]).
+
+-type group() :: #{adapter := non_neg_integer() | default, name := binary(), weight := pos_integer()}.
+-export_type([group/0]).
+
+-define(DEFAULT, #{adapter => default, name => <<"chosen by the port">>, weight => 1}).
+
+%% @doc The port groups to start, in order.
+-spec groups() -> [group()].
+groups() ->
+    case {application:get_env(kem, adapters, auto), application:get_env(kem, adapter, undefined)} of
+        {none, _} -> [];
+        {Indexes, _} when is_list(Indexes) -> [group(I, <<"configured">>) || I <- Indexes];
+        {auto, undefined} -> discovered();
+        {auto, _Pinned} -> [?DEFAULT]
+    end.
+
+%% @doc The groups `auto' makes of a discovery's adapter list (the JSON
+%% objects of `kem adapters --json'): Vulkan GPUs; else one CPU adapter;
+%% else the port's own choice.
+-spec choose([map()], [non_neg_integer()]) -> [group()].
+choose(Adapters, Exclude) ->
+    Usable = [A || A = #{<<"index">> := I} <- Adapters, not lists:member(I, Exclude)],
+    Vulkan = [A || A = #{<<"backend">> := <<"Vulkan">>} <- Usable],
+    case {[A || A <- Vulkan, maps:get(<<"type">>, A, <<>>) =/= <<"CPU">>], Vulkan} of
+        {[_ | _] = Gpus, _} -> [from_json(A) || A <- Gpus];
+        {[], [Cpu | _]} -> [from_json(Cpu)];
+        {[], []} -> [?DEFAULT]
+    end.
+
+%% @doc The environment a port of Group gets on top of the settings.
+-spec port_env(group()) -> [{string(), string()}].
+port_env(#{adapter := default}) -> [];
+port_env(#{adapter := I}) -> [{"KEM_ADAPTER", integer_to_list(I)}].
+
+%%% internals
+
+discovered() ->
+    case run_discovery() of
+        {ok, Adapters} -> choose(Adapters, application:get_env(kem, exclude, []));
+        {error, Why} ->
+            logger:warning("kem: adapter discovery failed (~0p); one port group, the port picks", [Why]),
+            [?DEFAULT]
+    end.
+
+group(I, Name) when is_integer(I), I >= 0 ->
+    #{adapter => I, name => Name, weight => weight_of(I)};
+group(Other, _) ->
+    error({bad_config, {adapters, Other}}).
+
+from_json(A = #{<<"index">> := I}) ->
+    #{adapter => I, name => maps:get(<<"name">>, A, <<>>), weight => weight_of(I)}.
+
+weight_of(I) ->
+    case maps:get(I, application:get_env(kem, weights, #{}), 1) of
+        W when is_integer(W), W >= 1 -> W;
+        Other -> error({bad_config, {weights, I, Other}})
+    end.
+
+%% `python -m kem_port.cli adapters --json', with the ports' settings.
+run_discovery() ->
+    Timeout = application:get_env(kem, start_timeout, 60000),
+    try open_port({spawn_executable, kem_python:executable()},
+                  [binary, exit_status, use_stdio, hide, {line, 1 bsl 20},
+                   {args, ["-m", "kem_port.cli", "adapters", "--json"]},
+                   {env, kem_settings:port_env()}]) of
+        Port -> collect(Port, [], erlang:monotonic_time(millisecond) + Timeout)
+    catch
+        error:Reason -> {error, {not_startable, Reason}}
+    end.
+
+collect(Port, Acc, Until) ->
+    receive
+        {Port, {data, {_, Line}}} -> collect(Port, [Line | Acc], Until);
+        {Port, {exit_status, 0}} -> parse(iolist_to_binary(lists:reverse(Acc)));
+        {Port, {exit_status, S}} -> {error, {exit_status, S}}
+    after max(0, Until - erlang:monotonic_time(millisecond)) ->
+        catch port_close(Port),
+        {error, timeout}
+    end.
+
+parse(Json) ->
+    case kem_json:decode(Json) of
+        {ok, #{<<"adapters">> := Adapters}} when is_list(Adapters) -> {ok, Adapters};
+        _ -> {error, not_json}
+    end.
+
+%%% Tests
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+choose_test() ->
+    Cpu = #{<<"index">> => 0, <<"type">> => <<"CPU">>, <<"backend">> => <<"Vulkan">>, <<"name">> => <<"llvmpipe">>},
+    Gl = #{<<"index">> => 1, <<"type">> => <<"CPU">>, <<"backend">> => <<"OpenGL">>},
+    Gpu = fun(I) -> #{<<"index">> => I, <<"type">> => <<"DiscreteGPU">>, <<"backend">> => <<"Vulkan">>,
+                      <<"name">> => <<"H200">>} end,
+    ?assertMatch([#{adapter := 0, name := <<"llvmpipe">>}], choose([Cpu, Gl], [])),
+    ?assertMatch([#{adapter := 2}, #{adapter := 3}], choose([Cpu, Gpu(2), Gpu(3), Gl], [])),
+    ?assertMatch([#{adapter := 3}], choose([Cpu, Gpu(2), Gpu(3)], [2])),
+    ?assertEqual([?DEFAULT], choose([Gl], [])),
+    ?assertEqual([{"KEM_ADAPTER", "2"}], port_env(#{adapter => 2, name => <<>>, weight => 1})),
+    ?assertEqual([], port_env(?DEFAULT)).
+-endif.

@@ -1,0 +1,155 @@
+%%% @doc Which local port runs a call: port groups, one per adapter
+%%% (kem_adapters), kernel affinity, spill to the least loaded.
+%%%
+%%% With one group (one adapter) calls go round robin over its ports, as
+%%% before groups existed. With several, a kernel id goes to the group
+%%% `phash2(KernelId)' names, to the least loaded port there, so its
+%%% pipeline stays warm on one device; when even that port has ?SPILL_AT
+%%% calls in flight (times the group's weight) the call spills to the least
+%%% loaded port of any group (load divided by weight). Calls without a
+%%% kernel (ping, adapter_info) go round robin over every port.
+%%%
+%%% Load is one `atomics' slot per port, bumped by the calling process
+%%% around each call (`pick/1', `done/3'); per-group counters are ETS. The
+%%% table is created in kem_sup's init, so it lives as long as the ports.
+-module(kem_place).
+-export([setup/2, pick/1, done/3, pending/0, groups/0]).
+
+-define(KEY, {kem, place}).
+-define(TABLE, kem_place).
+%% Calls in flight on a port before its group counts as overloaded. Not
+%% measured: a port drains a queue of small calls in one batch
+%% (docs/executor.md), so a few in flight are normal; past 16 a cold
+%% pipeline elsewhere (a compile, ms) costs less than the wait.
+-define(SPILL_AT, 16).
+
+-type group() :: kem_adapters:group().
+-type port_spec() :: {Name :: atom(), Env :: [{string(), string()}]}.
+
+%% @doc Number the ports of every group (`kem_port_1'...), remember the
+%% groups, and return each port's name and extra environment.
+-spec setup([group()], pos_integer()) -> [port_spec()].
+setup(Groups, PortsPerGroup) ->
+    Specs = [{G, Group} || {G, Group} <- lists:zip(lists:seq(1, length(Groups)), Groups)],
+    Ports = [{G, Group} || {G, Group} <- Specs, _ <- lists:seq(1, PortsPerGroup)],
+    Names = [port_name(I) || I <- lists:seq(1, length(Ports))],
+    Table = [{G, [I || {I, {G1, _}} <- lists:zip(lists:seq(1, length(Ports)), Ports), G1 =:= G], Group}
+             || {G, Group} <- Specs],
+    _ = ets:info(?TABLE) =:= undefined andalso ets:new(?TABLE, [named_table, public, set,
+                                                               {write_concurrency, true}]),
+    Load = atomics:new(max(1, length(Ports)), [{signed, true}]),
+    RR = atomics:new(1, [{signed, false}]),
+    persistent_term:put(?KEY, #{groups => list_to_tuple([{list_to_tuple(Is), weight(Group)} || {_, Is, Group} <- Table]),
+                                described => [{G, Is, Group} || {G, Is, Group} <- Table],
+                                group_of => list_to_tuple([G || {G, _} <- Ports]),
+                                names => list_to_tuple(Names), load => Load, rr => RR}),
+    %% kem's own key, read by kem_metrics and kem_cluster: every port name.
+    persistent_term:put({kem, ports}, {list_to_tuple(Names), RR}),
+    [{Name, kem_adapters:port_env(Group)} || {Name, {_, Group}} <- lists:zip(Names, Ports)].
+
+%% @doc The port for a call on KernelId (`undefined': no kernel), counted
+%% as in flight until `done/3'.
+-spec pick(binary() | undefined) -> {ok, pos_integer(), atom()} | {error, kem_port:reason()}.
+pick(Key) ->
+    case persistent_term:get(?KEY, undefined) of
+        undefined ->
+            {error, {not_started, <<"application kem is not running">>}};
+        #{names := {}} ->
+            {error, {no_local_gpu, <<"this node runs no kem ports">>}};
+        Place = #{names := Names, load := Load} ->
+            I = choose(Key, Place),
+            atomics:add(Load, I, 1),
+            {ok, I, element(I, Names)}
+    end.
+
+%% @doc The call picked as port I ended with Reply after Us µs.
+-spec done(pos_integer(), {ok, term()} | {error, term()}, non_neg_integer()) -> ok.
+done(I, Reply, Us) ->
+    case persistent_term:get(?KEY, undefined) of
+        #{load := Load, group_of := GroupOf} ->
+            atomics:sub(Load, I, 1),
+            G = element(I, GroupOf),
+            bump({G, calls}, 1),
+            bump({G, latency_us}, Us),
+            case Reply of
+                {ok, _} -> ok;
+                _ -> bump({G, errors}, 1)
+            end;
+        undefined ->
+            %% The app stopped while the call ran.
+            ok
+    end.
+
+%% @doc Calls in flight on this node's ports now.
+-spec pending() -> non_neg_integer().
+pending() ->
+    case persistent_term:get(?KEY, undefined) of
+        #{load := Load, names := Names} -> lists:sum([atomics:get(Load, I) || I <- lists:seq(1, tuple_size(Names))]);
+        undefined -> 0
+    end.
+
+%% @doc Every group with its adapter, ports and state (for `kem:adapters/0').
+-spec groups() -> [map()].
+groups() ->
+    case persistent_term:get(?KEY, undefined) of
+        undefined -> [];
+        #{described := Described, names := Names, load := Load} ->
+            [Group#{group => G,
+                    ports => [element(I, Names) || I <- Is],
+                    live => length([I || I <- Is, whereis(element(I, Names)) =/= undefined]),
+                    state => state(Is, Names),
+                    pending => lists:sum([atomics:get(Load, I) || I <- Is]),
+                    calls => counter({G, calls}), errors => counter({G, errors}),
+                    latency_us => counter({G, latency_us})}
+             || {G, Is, Group} <- Described]
+    end.
+
+%%% internals
+
+choose(_Key, #{groups := {{Ports, _}}, rr := RR}) ->
+    element(1 + atomics:add_get(RR, 1, 1) rem tuple_size(Ports), Ports);
+choose(undefined, #{names := Names, rr := RR}) ->
+    1 + atomics:add_get(RR, 1, 1) rem tuple_size(Names);
+choose(Key, #{groups := Groups, load := Load, names := Names}) ->
+    {Home, Weight} = element(erlang:phash2(Key, tuple_size(Groups)) + 1, Groups),
+    case least_loaded(Home, Load, Names) of
+        {Pending, I} when Pending < ?SPILL_AT * Weight -> I;
+        _Overloaded_or_down -> spill(Groups, Load, Names, element(1, Home))
+    end.
+
+%% The least loaded live port of any group, load divided by the group's
+%% weight; with none live, Fallback (its caller then hears why).
+spill(Groups, Load, Names, Fallback) ->
+    case [{Pending / Weight, I} || {Ports, Weight} <- tuple_to_list(Groups),
+                                   {Pending, I} <- [least_loaded(Ports, Load, Names)]] of
+        [] -> Fallback;
+        Live -> element(2, lists:min(Live))
+    end.
+
+%% `{Pending, I}' of the live port with the fewest calls in flight, or
+%% `none' when every port of the group is down (restarting).
+least_loaded(Ports, Load, Names) ->
+    case [{atomics:get(Load, I), I} || I <- tuple_to_list(Ports), whereis(element(I, Names)) =/= undefined] of
+        [] -> none;
+        Live -> lists:min(Live)
+    end.
+
+state(Is, Names) ->
+    case length([I || I <- Is, whereis(element(I, Names)) =/= undefined]) of
+        0 -> down;
+        N when N =:= length(Is) -> up;
+        _ -> degraded
+    end.
+
+weight(#{weight := W}) -> W.
+
+port_name(I) ->
+    list_to_atom("kem_port_" ++ integer_to_list(I)).
+
+counter(Key) ->
+    try ets:lookup_element(?TABLE, Key, 2) catch error:badarg -> 0 end.
+
+bump(Key, By) ->
+    try ets:update_counter(?TABLE, Key, By, {Key, 0}), ok
+    catch error:badarg -> ok
+    end.
