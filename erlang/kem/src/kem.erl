@@ -226,7 +226,17 @@ next_port() ->
             {error, {not_started, <<"application kem is not running">>}};
         {Names, Counter} ->
             N = atomics:add_get(Counter, 1, 1),
-            {ok, element(1 + (N rem tuple_size(Names)), Names)}
+            {ok, element(1 + serving(N rem tuple_size(Names), tuple_size(Names)), Names)}
+    end.
+
+%% The 0-based index I, or the next port that is not restarting (kem_port
+%% flags a port while it waits for its replacement process); I if all are.
+serving(I, Count) ->
+    case persistent_term:get({kem, restarting}, undefined) of
+        undefined -> I;
+        Flags ->
+            Free = [J rem Count || J <- lists:seq(I, I + Count - 1), atomics:get(Flags, 1 + J rem Count) =:= 0],
+            case Free of [J | _] -> J; [] -> I end
     end.
 
 each_port(Method) ->

@@ -21,6 +21,8 @@ init([]) ->
     Count = port_count(),
     Counter = atomics:new(1, [{signed, false}]),
     persistent_term:put({kem, ports}, {list_to_tuple(port_names()), Counter}),
+    %% One flag per port, set while it restarts: `kem' sends calls elsewhere.
+    persistent_term:put({kem, restarting}, atomics:new(Count, [{signed, false}])),
     %% First, so its table outlives every port restart.
     Metrics = #{id => kem_metrics, start => {kem_metrics, start_link, []},
                 restart => permanent, shutdown => 5000, type => worker,
@@ -36,9 +38,14 @@ init([]) ->
     Owners = [#{id => kem_shm_dir, start => {kem_shm_dir, start_link, [ShmDir]}},
               #{id => kem_quarantine, start => {kem_quarantine, start_link, []}}],
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
+    %% After the ports: at first start they open their own; the spare
+    %% server then prepares spares for later restarts (kem_spare).
+    Spare = #{id => kem_spare, start => {kem_spare, start_link, [dir_or_undefined(ShmDir)]},
+              restart => permanent, shutdown => 5000, type => worker,
+              modules => [kem_spare]},
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
-    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, [Metrics | Owners ++ Ports] ++ [Session]}}.
+    {ok, {#{strategy => one_for_one, intensity => 50, period => 10}, [Metrics | Owners ++ Ports] ++ [Session, Spare]}}.
 
 dir_or_undefined({ok, Dir}) -> Dir;
 dir_or_undefined({error, _}) -> undefined.
