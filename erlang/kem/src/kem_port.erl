@@ -97,10 +97,33 @@ time_left(Timeout, Started, _Default) -> max(0, Timeout - (erlang:monotonic_time
 %% ?RETRY from one that stopped, or an owner that stopped with the call
 %% still unread (terminate/2 answered every call it had sent).
 call_once(Server, Method, Args, Timeout) ->
-    case owner(Server) of
-        undefined -> {retry, ?UNAVAILABLE, undefined};
-        Pid -> call_owner(Pid, Method, Args, Timeout)
+    case unsendable(Args) of
+        false ->
+            case owner(Server) of
+                undefined -> {retry, ?UNAVAILABLE, undefined};
+                Pid -> call_owner(Pid, Method, Args, Timeout)
+            end;
+        What ->
+            %% The port refuses these (etf_guard) but cannot tell which
+            %% caller sent them: the caller would wait out its timeout, and
+            %% the timeout restart the port. Refused here, at once.
+            {error, {bad_args, <<What/binary, " is not accepted in a request">>}}
     end.
+
+%% A pid, port, reference or fun anywhere in Args (binaries are leaves:
+%% the walk costs ~1 us for a call's usual {Kernel, Input, Opts}).
+unsendable(T) when is_pid(T) -> <<"a pid">>;
+unsendable(T) when is_port(T) -> <<"a port">>;
+unsendable(T) when is_reference(T) -> <<"a reference">>;
+unsendable(T) when is_function(T) -> <<"a fun">>;
+unsendable(T) when is_tuple(T) -> unsendable_in(tuple_to_list(T));
+unsendable(T) when is_list(T) -> unsendable_in(T);
+unsendable(T) when is_map(T) -> unsendable_in(maps:keys(T) ++ maps:values(T));
+unsendable(_) -> false.
+
+unsendable_in([H | T]) ->
+    case unsendable(H) of false -> unsendable_in(T); What -> What end;
+unsendable_in(_) -> false.
 
 owner(Pid) when is_pid(Pid) -> Pid;
 owner(Name) -> whereis(Name).
