@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kem_port import shm, terms
+from kem_port import shm, terms, warm
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
@@ -121,8 +121,9 @@ class Router:
 
     def _inline(self, req_id: int, method: str, args: tuple) -> None:
         if method == "test_hook":
-            self._test_hook(req_id, args)
-            return
+            return self._test_hook(req_id, args)
+        if method == "warm":  # compile kernels before serving (warm.py)
+            return warm.request(req_id, args, self.resolver, self.loop, self.intake.guard, self.reply_ok, self.reply_error)
         if args != ():
             raise RequestError(req_id, KemError("bad_args", f"{method} takes {{}}"))
         if method == "ping":

@@ -13,17 +13,27 @@
 %%%   with `kill_on_timeout' (default) the port is killed too, since a
 %%%   kernel still running would stall every later call on it;
 %%% - the node dies: the port's stdin closes and Python exits on EOF.
+%%%
+%%% A restarting owner takes a warm spare's open port (`kem_spare') instead
+%%% of opening one; a call that finds no owner registered, or was still in
+%%% the owner's mailbox when it stopped, waits briefly for the replacement
+%%% (at most its own timeout and `restart_wait', 500 ms) and is sent again.
 -module(kem_port).
 -behaviour(gen_server).
 
 -export([start_link/2, start_link/3, start_link/4, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
--export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
+-export([open_port_process/2, close_port/3]).
+-export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
 
 -define(MARGIN_MS, 2000).
 %% What a timer and a receive accept (2^32 - 1 ms), margin included: a
 %% caller's timeout outside this is refused, never able to crash the owner.
 -define(IS_TIMEOUT(T), (T =:= infinity orelse
                         (is_integer(T) andalso T >= 1 andalso T =< 16#FFFFFFFF - ?MARGIN_MS))).
+%% Answered to a call still in the mailbox of an owner that stops: it never
+%% reached the port, so it is safe to send again to the replacement.
+-define(RETRY, '$kem_port_retry').
+-define(RESENDS, 3).
 
 -type reason() :: {atom(), term()}.
 -export_type([reason/0]).
@@ -61,27 +71,89 @@ start_script(Path) ->
     {ok, term()} | {error, reason()}.
 call(Server, Method, Args, Timeout)
         when is_atom(Server) orelse is_pid(Server), is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
+    Started = erlang:monotonic_time(millisecond),
+    call_when_back({Server, Method, Args, Timeout, Started}, call_once(Server, Method, Args, Timeout), ?RESENDS);
+call(_Server, _Method, _Args, _Timeout) ->
+    {error, {bad_args, <<"call(Server, Method :: atom(), Args :: tuple(), Timeout :: 1..2^32-2001 | infinity)">>}}.
+
+%% The owner is restarting: wait for a new owner under the name (each time
+%% at most `restart_wait', never past the call's own deadline), then send
+%% the call again; at most ?RESENDS times (a port killed again and again).
+call_when_back(Call = {Server, Method, Args, Timeout, Started}, {retry, Why, Old}, Left) when Left > 0 ->
+    Cap = application:get_env(kem, restart_wait, 500),
+    Wait = min(Cap, time_left(Timeout, Started, Cap)),
+    case Wait > 0 andalso kem_spare:await(Server, Old, Wait) of
+        ok ->
+            Again = call_once(Server, Method, Args, time_left(Timeout, Started, infinity)),
+            call_when_back(Call, Again, Left - 1);
+        _ ->
+            Why
+    end;
+call_when_back(_Call, {retry, Why, _Old}, 0) ->
+    Why;
+call_when_back(_Call, Result, _Left) ->
+    Result.
+
+time_left(infinity, _Started, Default) -> Default;
+time_left(Timeout, Started, _Default) -> max(0, Timeout - (erlang:monotonic_time(millisecond) - Started)).
+
+-define(UNAVAILABLE, {error, {port_unavailable, <<"the port is restarting">>}}).
+
+%% {retry, Error, OldOwner} when the call never reached a port and may be
+%% sent again (Error is the answer if it cannot be): no owner registered,
+%% ?RETRY from one that stopped, or an owner that stopped with the call
+%% still unread (terminate/2 answered every call it had sent).
+call_once(Server, Method, Args, Timeout) ->
+    case unsendable(Args) of
+        false ->
+            case owner(Server) of
+                undefined -> {retry, ?UNAVAILABLE, undefined};
+                Pid -> call_owner(Pid, Method, Args, Timeout)
+            end;
+        What ->
+            %% The port refuses these (etf_guard) but cannot tell which
+            %% caller sent them: the caller would wait out its timeout, and
+            %% the timeout restart the port. Refused here, at once.
+            {error, {bad_args, <<What/binary, " is not accepted in a request">>}}
+    end.
+
+%% A pid, port, reference or fun anywhere in Args (binaries are leaves:
+%% the walk costs ~1 us for a call's usual {Kernel, Input, Opts}).
+unsendable(T) when is_pid(T) -> <<"a pid">>;
+unsendable(T) when is_port(T) -> <<"a port">>;
+unsendable(T) when is_reference(T) -> <<"a reference">>;
+unsendable(T) when is_function(T) -> <<"a fun">>;
+unsendable(T) when is_tuple(T) -> unsendable_in(tuple_to_list(T));
+unsendable(T) when is_list(T) -> unsendable_in(T);
+unsendable(T) when is_map(T) -> unsendable_in(maps:keys(T) ++ maps:values(T));
+unsendable(_) -> false.
+
+unsendable_in([H | T]) ->
+    case unsendable(H) of false -> unsendable_in(T); What -> What end;
+unsendable_in(_) -> false.
+
+owner(Pid) when is_pid(Pid) -> Pid;
+owner(Name) -> whereis(Name).
+
+call_owner(Pid, Method, Args, Timeout) ->
     %% The server answers at Timeout; the extra margin only guards against a
     %% server that is itself stuck (e.g. suspended on a busy port).
     Backstop = case Timeout of infinity -> infinity; _ -> Timeout + ?MARGIN_MS end,
-    try
-        gen_server:call(Server, {call, Method, Args, Timeout}, Backstop)
+    try gen_server:call(Pid, {call, Method, Args, Timeout}, Backstop) of
+        ?RETRY -> {retry, {error, {port_restarted, <<"the port restarted before this call was served">>}}, Pid};
+        Result -> Result
     catch
+        exit:{noproc, _} ->
+            {retry, ?UNAVAILABLE, Pid};
+        exit:{{shutdown, _} = Stop, _} ->
+            {retry, {error, exit_error(Stop)}, Pid};
         exit:{timeout, _} ->
             {error, {timeout, <<"the port owner did not answer in time">>}};
-        exit:{noproc, _} ->
-            {error, {port_unavailable, <<"the port is restarting">>}};
-        exit:{{shutdown, {port_exited, Status}}, _} ->
-            {error, {port_exited, Status}};
-        exit:{{shutdown, call_timeout}, _} ->
-            {error, {port_restarted, <<"another call on this port timed out">>}};
         exit:{Reason, _} ->
             %% Never format Reason: it can hold a caller's request, input
             %% binary and all, and 100 callers printing 4 MB each stall.
             {error, {port_unavailable, exit_summary(Reason)}}
-    end;
-call(_Server, _Method, _Args, _Timeout) ->
-    {error, {bad_args, <<"call(Server, Method :: atom(), Args :: tuple(), Timeout :: 1..2^32-2001 | infinity)">>}}.
+    end.
 
 exit_summary(Reason) when is_atom(Reason) ->
     <<"the port owner exited: ", (atom_to_binary(Reason, utf8))/binary>>;
@@ -99,17 +171,78 @@ os_pid(Server) ->
 
 init({Name, Index, Command, ShmDir}) ->
     init({Name, Index, Command, ShmDir, []});
-init({Name, _Index, Command, ShmDir, Env}) ->
+init({Name, Index, Command = {module, "kem_port"}, ShmDir, Env}) ->
     process_flag(trap_exit, true),
+    case whereis(kem_spare) of
+        undefined ->
+            %% The app's first start: open here, so a port that cannot
+            %% start fails the start with its reason.
+            open_fresh(Name, Index, Command, ShmDir, Env);
+        _ ->
+            %% A restart: return at once (the supervisor is free to restart
+            %% another port meanwhile); calls queue in the mailbox until
+            %% the port is taken from a spare or opened (handle_continue).
+            restarting(Index, true),
+            kem_spare:up(Name),  % callers waiting for the name may queue here now
+            State = (new_state(Name, Index, undefined, undefined, 1))#{env => Env},
+            {ok, State, {continue, {start_port, Index, ShmDir}}}
+    end;
+init({Name, Index, Command, ShmDir, Env}) ->
+    process_flag(trap_exit, true),
+    open_fresh(Name, Index, Command, ShmDir, Env).
+
+handle_continue({start_port, Index, ShmDir}, State = #{name := Name, env := Env}) ->
+    %% A spare carries the environment it was opened with (its group's
+    %% adapter): only a port of that group may take it.
+    case kem_spare:take(Name, Env) of
+        {ok, #{port := Port, os_pid := OsPid, next := Next}} ->
+            %% Already open, handshaken and warmed by kem_spare.
+            kem_metrics:port_started(Name),
+            restarting(Index, false),
+            {noreply, State#{port := Port, os_pid := OsPid, next := Next}};
+        none ->
+            case open_fresh(Name, Index, {module, "kem_port"}, ShmDir, Env) of
+                {ok, Opened} -> {noreply, Opened};
+                {stop, Reason} -> {stop, Reason, State}
+            end
+    end.
+
+open_fresh(Name, Index, Command, ShmDir, Env) ->
     Python = python_executable(),
     case open(Python, Command, ShmDir, Env) of
         {ok, Port} ->
-            State = #{name => Name, port => Port, next => 1, pending => #{},
-                      os_pid => os_pid_of(Port)},
+            State = new_state(Name, Index, Port, os_pid_of(Port), 1),
             kem_metrics:port_started(Name),
-            handshake(State);
+            case handshake(State) of
+                {ok, Ready} when Command =:= {module, "kem_port"} -> warm_then_up(Ready);
+                Other -> Other
+            end;
         {error, Reason} ->
             {stop, Reason}
+    end.
+
+%% Flag port Index (1-based, in kem_sup's group) as restarting or serving.
+restarting(Index, Flag) ->
+    case persistent_term:get({kem, restarting}, undefined) of
+        undefined -> ok;
+        Flags when is_integer(Index), Index >= 1 ->
+            catch atomics:put(Flags, Index, case Flag of true -> 1; false -> 0 end),
+            ok;
+        _ -> ok
+    end.
+
+new_state(Name, Index, Port, OsPid, Next) ->
+    #{name => Name, index => Index, port => Port, next => Next, pending => #{}, os_pid => OsPid,
+      seen => maps:from_list([{S, true} || S <- kem_spare:shapes()]), warm_limit => kem_warm:limit()}.
+
+%% @doc Open a Python `kem_port' process with the node's shared-memory
+%% directory (for kem_spare): the port and its OS pid.
+-spec open_port_process(string() | undefined, [{string(), string()}]) ->
+    {ok, port(), integer() | undefined} | {error, term()}.
+open_port_process(ShmDir, Env) ->
+    case open(python_executable(), {module, "kem_port"}, ShmDir, Env) of
+        {ok, Port} -> {ok, Port, os_pid_of(Port)};
+        Error -> Error
     end.
 
 handle_call({call, Method, Args, Timeout}, From, State)
@@ -121,12 +254,14 @@ handle_call({call, Method, Args, Timeout}, From, State)
                 infinity -> undefined;
                 _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
             end,
-            {noreply, State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method}}}}
+            Shape = kem_warm:shape(Method, Args),
+            {noreply, State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}}}
     catch
         error:badarg ->
             %% The port closed under us (killed); its exit_status may still
-            %% be in the mailbox. Stop now: terminate answers every caller.
-            stop_port_exited(closed, {error, {port_exited, closed}}, State)
+            %% be in the mailbox. Stop now: terminate answers every caller;
+            %% this call never reached the port, so it goes to the next one.
+            stop_port_exited(closed, ?RETRY, State)
     end;
 handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
     {reply, OsPid, State};
@@ -148,7 +283,7 @@ handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
     end;
 handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
     case maps:take(Id, Pending) of
-        {{From, _TRef, Method}, Rest} ->
+        {{From, _TRef, Method, _Shape}, Rest} ->
             Detail = iolist_to_binary(io_lib:format("~p did not finish in time", [Method])),
             gen_server:reply(From, {error, {timeout, Detail}}),
             maybe_kill(State#{pending := Rest}, Id);
@@ -183,20 +318,43 @@ stop_port_exited(Status, Reply, State) ->
     {stop, Stop, NewState} = stop_port_exited(Status, State),
     {stop, Stop, Reply, NewState}.
 
-terminate(Reason, State = #{pending := Pending}) ->
-    Error = exit_error(Reason),
-    [gen_server:reply(From, {error, Error}) || {From, _, _} <- maps:values(Pending)],
-    close(State),
+terminate(Reason, State = #{pending := Pending, index := Index}) ->
+    restarting(Index, true),
+    [gen_server:reply(From, pending_answer(Reason, Method)) || {From, _, Method, _} <- maps:values(Pending)],
+    retry_unsent(),
+    close(State, Reason),
     ok.
+
+%% After a timeout kill, the kernel calls waiting behind the stuck one are
+%% sent again to the replacement (within their own deadlines): kernels are
+%% pure functions of their input, and these were stuck behind another's
+%% kernel. Session methods are not (the new port has no such session), and
+%% after a crash nothing is: one of the calls may be what crashed the port.
+pending_answer({shutdown, call_timeout}, Method) when Method =:= execute; Method =:= execute_kernel;
+                                                      Method =:= execute_kernel_with_params ->
+    ?RETRY;
+pending_answer(Reason, _Method) ->
+    {error, exit_error(Reason)}.
+
+%% Calls still in the mailbox never reached the port: their callers send
+%% them again to the replacement (call_when_back/6).
+retry_unsent() ->
+    receive
+        {'$gen_call', From, {call, _Method, _Args, _Timeout}} ->
+            gen_server:reply(From, ?RETRY),
+            retry_unsent()
+    after 0 ->
+        ok
+    end.
 
 %%% internals
 
 handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
     case maps:take(Id, Pending) of
-        {{From, TRef, _Method}, Rest} ->
+        {{From, TRef, _Method, Shape}, Rest} ->
             cancel(TRef),
             gen_server:reply(From, Result),
-            State#{pending := Rest};
+            note_shape(Result, Shape, State#{pending := Rest});
         error ->
             %% A reply after its caller timed out, or to ReqId `undefined'
             %% (a frame the port could not read): nobody is waiting for it.
@@ -204,6 +362,12 @@ handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
     end;
 handle_reply(Other, State) ->
     logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
+    State.
+
+%% A kernel shape this port served well goes on the group's warm list.
+note_shape({ok, _}, Shape, State = #{seen := Seen, warm_limit := Limit}) when Shape =/= none ->
+    State#{seen := kem_warm:note(Shape, Seen, Limit)};
+note_shape(_Result, _Shape, State) ->
     State.
 
 %% Not `[safe]': the peer is our own port, whose replies carry a fixed set
@@ -231,20 +395,32 @@ exit_error(Reason) -> {port_exited, Reason}.
 cancel(undefined) -> ok;
 cancel(TRef) -> erlang:cancel_timer(TRef, [{async, true}, {info, false}]).
 
-close(#{port := undefined}) ->
+close(State) ->
+    close(State, normal).
+
+close(#{port := undefined}, _Reason) ->
     ok;
-close(#{port := Port, os_pid := OsPid}) ->
-    %% Closing stdin makes Python exit at once (its reader thread sees EOF
-    %% even if the GPU thread is stuck in a kernel); the kill covers a
-    %% process that does not.
+close(#{port := Port, os_pid := OsPid}, {shutdown, call_timeout}) ->
+    %% The GPU thread may be inside a runaway kernel: kill now; the
+    %% driver's teardown of its context then runs without us.
+    close_port(Port, OsPid, now);
+close(#{port := Port, os_pid := OsPid}, _Reason) ->
+    close_port(Port, OsPid, later).
+
+%% @doc Close a port and make sure its process goes: closing stdin makes
+%% Python exit at once (its reader thread sees EOF even if the GPU thread is
+%% stuck in a kernel); a reaper process sends SIGKILL, at once (`now') or
+%% after 2 s (`later', for a process that does not exit on EOF). Never blocks.
+-spec close_port(port(), integer() | undefined, now | later) -> ok.
+close_port(Port, OsPid, When) ->
     catch port_close(Port),
-    kill_later(OsPid),
+    reap(OsPid, When),
     ok.
 
-kill_later(undefined) -> ok;
-kill_later(OsPid) ->
+reap(undefined, _When) -> ok;
+reap(OsPid, When) ->
     spawn(fun() ->
-        timer:sleep(2000),
+        When =:= later andalso timer:sleep(2000),
         %% Only if that pid is still a kem port: after 2 s it may belong to
         %% another process.
         P = integer_to_list(OsPid),
@@ -302,6 +478,27 @@ ask(Port, Method, Timeout) ->
             {exit_status, Status}
     after Timeout ->
         timeout
+    end.
+
+%% Warm the kernels the group served last (and the pinned ones) before
+%% saying ready; a failure only costs the first calls their compile.
+warm_then_up(State = #{port := Port, next := Id, name := Name}) ->
+    Timeout = application:get_env(kem, start_timeout, 60000),
+    true = port_command(Port, term_to_binary({call, Id, warm, {kem_spare:shapes()}})),
+    receive
+        {Port, {data, Frame}} ->
+            case decode(Frame) of
+                {reply, Id, {ok, _Counts}} -> ok;
+                Other -> logger:warning("kem_port ~p: warm failed: ~0P", [Name, Other, 8])
+            end,
+            kem_spare:up(Name),
+            restarting(maps:get(index, State), false),
+            {ok, State#{next := Id + 1}};
+        {Port, {exit_status, Status}} ->
+            {stop, {port_exited_at_start, Status}}
+    after Timeout ->
+        close(State),
+        {stop, {port_start_timeout, Timeout}}
     end.
 
 %% @doc The interpreter that runs the port (see kem_python).

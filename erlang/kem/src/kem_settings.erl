@@ -11,7 +11,7 @@
 erlang_only() ->
     [python, python_source, venv, ports, timeout, start_timeout, kill_on_timeout,
      shm_threshold, shm_root, request_max_output_bytes, quarantine_ms, port_env,
-     local_gpus, cluster_nodes, adapters, exclude, weights].
+     local_gpus, cluster_nodes, adapters, exclude, weights, spares, warm_kernels, restart_wait].
 
 %% @doc `{Var, Value}' for every port setting in the app env (undefined =
 %% not set), then the raw `port_env' pairs, which win.

@@ -24,6 +24,8 @@ init([]) ->
     ShmDir = kem_shm_dir:create(),
     %% One group of `ports' ports per adapter (kem_adapters, kem_place).
     Specs = kem_place:setup(adapter_groups(), ports_per_group()),
+    %% One flag per port, set while it waits for its replacement process.
+    persistent_term:put({kem, restarting}, atomics:new(max(1, length(Specs)), [{signed, false}])),
     %% First, so its table outlives every port restart.
     Metrics = #{id => kem_metrics, start => {kem_metrics, start_link, []},
                 restart => permanent, shutdown => 5000, type => worker,
@@ -39,11 +41,18 @@ init([]) ->
     Owners = [#{id => kem_shm_dir, start => {kem_shm_dir, start_link, [ShmDir]}},
               #{id => kem_quarantine, start => {kem_quarantine, start_link, []}}],
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
+    %% After the ports: at first start they open their own; the spare
+    %% server then prepares spares for later restarts (kem_spare).
+    %% Spares are opened with the first group's environment (its adapter):
+    %% only that group's ports take them; other groups open their own.
+    Spare = [#{id => kem_spare, start => {kem_spare, start_link, [dir_or_undefined(ShmDir), SpareEnv]},
+               restart => permanent, shutdown => 5000, type => worker,
+               modules => [kem_spare]} || {_, SpareEnv} <- lists:sublist(Specs, 1)],
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
     %% The cluster's children last: a node serves others once its ports answer.
     {ok, {#{strategy => one_for_one, intensity => 50, period => 10},
-          [Metrics | Owners ++ Ports] ++ [Session] ++ kem_cluster:children()}}.
+          [Metrics | Owners ++ Ports] ++ [Session | Spare] ++ kem_cluster:children()}}.
 
 dir_or_undefined({ok, Dir}) -> Dir;
 dir_or_undefined({error, _}) -> undefined.

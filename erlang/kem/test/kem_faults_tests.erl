@@ -98,7 +98,10 @@ crash_figures() ->
                    R = kem_port:call(kem_port_1, execute_kernel, {<<"double">>, Input, 1}, 30000),
                    Parent ! {self(), now_ms(), R}
                end) || _ <- lists:seq(1, 100)],
-    timer:sleep(30),
+    %% Kill once every caller has reached the port (or been answered), as
+    %% kem_tests does: a restarted port is warm now (kem_warm) and serves
+    %% these calls at once, so a fixed 30 ms no longer finds them in flight.
+    ok = reached(kem_port_1, 100, now_ms() + 20000),
     Killed = now_ms(),
     os:cmd("kill -9 " ++ integer_to_list(OsPid)),
     Answers = [receive {C, T, R} -> {T, R} after 10000 -> {never, none} end || C <- Callers],
@@ -115,6 +118,14 @@ crash_figures() ->
     ?assertEqual(0, Wrong),
     ?assert(Last - Killed =< 1000),
     ?assert(Back - Killed =< 2000).
+
+reached(Port, N, Deadline) ->
+    #{pending := Pending} = sys:get_state(Port),
+    {message_queue_len, Answered} = process_info(self(), message_queue_len),
+    case maps:size(Pending) + Answered >= N orelse now_ms() > Deadline of
+        true -> ok;
+        false -> timer:sleep(2), reached(Port, N, Deadline)
+    end.
 
 double_ref(Input) -> kem_ref:double_ref(Input, byte_size(Input)).
 
