@@ -137,7 +137,7 @@ class SessionMethods:
             if step.kernel_id in remote and not resolver.needs_fetch(step.kernel_id):
                 raise StepError(index, KemError("kernel_not_found", f"no kernel {step.kernel_id!r}"))
         # A fetch or a first admission (a worker round trip) never runs on the reader.
-        later = bool(remote) or not self._all_admitted(steps)
+        later = bool(remote) or not _all_admitted(self.guard, self.resolver, steps)
 
         def run() -> None:
             work = self._chain_work(method, ref, steps, data, returns)
@@ -180,12 +180,6 @@ class SessionMethods:
             and len(data) + sum(outputs) + held <= SMALL_CALL
             and all(pipelines.has(self.resolver.resolve_local(s.kernel_id), s.entry_point, s.params) for s in steps)
         )
-
-    def _all_admitted(self, steps: list[sp.StepArgs]) -> bool:
-        if self.guard is None:
-            return True
-        sources = [(self.resolver.resolve_local(s.kernel_id), s.entry_point) for s in steps]
-        return all(src is not None and self.guard.is_admitted_for_session(src, entry) for src, entry in sources)
 
     def _source(self, index: int, kernel_id: str, entry: str) -> KernelSource:
         resolver = self.resolver
@@ -261,3 +255,11 @@ def _small_buffer_op(method: str, args: tuple) -> bool:
     if method == "buffer_write":
         return len(terms.binary_bytes(args[3]) or b"") <= SMALL_CALL
     return type(args[3]) is int and args[3] <= SMALL_CALL  # buffer_read with a length
+
+
+def _all_admitted(guard: CompileGuard | None, resolver: KernelResolver, steps: list[sp.StepArgs]) -> bool:
+    """Whether every step's kernel is local and already admitted for sessions."""
+    if guard is None:
+        return True
+    sources = [(resolver.resolve_local(s.kernel_id), s.entry_point) for s in steps]
+    return all(src is not None and guard.is_admitted_for_session(src, entry) for src, entry in sources)
