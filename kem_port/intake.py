@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from kem_port import log_frames
 from kem_port.admission.guard import CompileGuard
 from kem_port.budget import WorkBudget
 from kem_port.config import Config
@@ -106,6 +107,7 @@ class Intake:
             log.exception("kernel %s could not be prepared", call.kernel_id)
             error = KemError("internal", "the kernel could not be prepared (details in the node's log)")
         release()
+        log_frames.kernel_failed(call.kernel_id, error)
         self.fail(req_id, error)
 
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
@@ -116,6 +118,7 @@ class Intake:
 
         def refuse(error: KemError) -> None:
             release()
+            log_frames.kernel_failed(call.kernel_id, error)
             self.fail(req_id, error)
 
         job = Job(call=call, source=source, reply=answer, fail=refuse)

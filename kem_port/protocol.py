@@ -24,7 +24,7 @@ ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_REQ_ID = (1 << 64) - 1
 PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
-INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "stats", "config", "test_hook")
+INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "stats", "config", "test_hook")
 EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
 
 

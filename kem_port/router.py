@@ -23,6 +23,7 @@ from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter
+from kem_port.health import Health
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.gpu_loop import Control, GpuLoop, QueueFull
@@ -41,6 +42,19 @@ from kem_port.protocol import (
 from kem_port.stats import Stats
 
 log = logging.getLogger("kem_port.router")
+
+
+def describe_config(config: Config, resolver: KernelResolver) -> dict:
+    """The settings in force, for ``config`` and ``adapter_info``."""
+    remote = resolver.remote.describe() if resolver.remote else {}
+    return {
+        "kernel_dirs": resolver.describe_local(),
+        "max_output_bytes": config.max_output_bytes,
+        "max_input_bytes": config.max_input_bytes,
+        "queue_limit": config.queue_limit,
+        "max_batch": config.max_batch,
+        **remote,
+    }
 
 
 class Router:
@@ -65,6 +79,7 @@ class Router:
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
+        self.health = Health(executor, config)
 
     def start(self) -> None:
         self.loop.start()
@@ -134,7 +149,9 @@ class Router:
         elif method == "adapter_info":
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))
-            self.reply_ok(req_id, self.executor.adapter_info_json({"kem": self.describe_config()}))
+            self.reply_ok(req_id, self.executor.adapter_info_json({"kem": describe_config(self.config, self.resolver)}))
+        elif method == "health":
+            self.reply_ok(req_id, self.health.describe())
         elif method == "stats":
             self.reply_ok(req_id, self.stats.snapshot(self._live_stats()))
         elif method == "config":

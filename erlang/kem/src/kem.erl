@@ -8,7 +8,7 @@
 -module(kem).
 
 -export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
-         metrics/0, call/3, call_usage/3, default_timeout/0]).
+         health/0, metrics/0, call/3, call_usage/3, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
@@ -85,6 +85,9 @@ stats() ->
 config() ->
     call(config, {}, default_timeout()).
 
+%% @doc Liveness only: a port process answers. It says nothing about the
+%% adapter (`pong' even when every kernel call fails with `no_adapter');
+%% `health/0' does.
 -spec ping() -> {ok, pong} | {error, kem_port:reason()}.
 ping() ->
     call(ping, {}, default_timeout()).
@@ -93,6 +96,12 @@ ping() ->
 -spec metrics() -> binary().
 metrics() ->
     kem_metrics:text().
+
+%% @doc Whether each port can run kernels, on which adapter, CPU or GPU,
+%% and why not (kem_health).
+-spec health() -> {ok, #{atom() => kem_health:port_health()}} | {error, kem_port:reason()}.
+health() ->
+    kem_health:report().
 
 %% @doc Send Method/Args to the next port in turn.
 -spec call(term(), term(), term()) -> {ok, term()} | {error, kem_port:reason()}.

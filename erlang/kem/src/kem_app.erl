@@ -1,15 +1,21 @@
-%%% @doc The kem application: finds the Python half (kem_python), then
-%%% starts the supervisor of the Python ports. Without an interpreter that
-%%% has kem_port the app does not start, and says why in one error.
+%%% @doc The kem application: checks the log level (kem_log), finds the
+%%% Python half (kem_python), then starts the supervisor of the Python
+%%% ports. Without an interpreter that has kem_port, or with an invalid
+%%% `log' level, the app does not start, and says why in one error.
 -module(kem_app).
 -behaviour(application).
 -export([start/2, prep_stop/1, stop/1]).
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
-    case kem_python:check() of
-        {ok, _Python} -> kem_sup:start_link();
-        {error, Reason} -> {error, Reason}
+    case kem_log:setup() of
+        ok ->
+            case kem_python:check() of
+                {ok, _Python} -> kem_sup:start_link();
+                {error, Reason} -> {error, Reason}
+            end;
+        {error, _} = Error ->
+            Error
     end.
 
 %% @doc Forget the port names first: calls made while the app stops get
@@ -21,4 +27,4 @@ prep_stop(State) ->
 
 -spec stop(term()) -> ok.
 stop(_State) ->
-    ok.
+    kem_log:teardown().

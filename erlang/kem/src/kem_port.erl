@@ -193,8 +193,8 @@ handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
             %% (a frame the port could not read): nobody is waiting for it.
             State
     end;
-handle_reply(Other, State) ->
-    logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
+handle_reply(Other, State = #{name := Name}) ->
+    kem_log:frame(Name, Other) orelse logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
     State.
 
 %% Not `[safe]': the peer is our own port, whose replies carry a fixed set
@@ -260,17 +260,22 @@ open(Python, Command, ShmDir) ->
 
 %% Fail fast, as erlexec does: the port must answer a ping (Python opens the
 %% GPU device before reading its first frame), then say which package and
-%% protocol it is, or init fails with why.
-handshake(State = #{port := Port}) ->
+%% protocol it is, or init fails with why. Log frames may come first
+%% (kem_log); `{fatal, {Reason, Detail}}' is the port refusing to start (an
+%% invalid setting): init fails with `{Reason, Detail}'.
+handshake(State) ->
     Timeout = application:get_env(kem, start_timeout, 60000),
-    case ask(Port, ping, Timeout) of
+    case ask(State, ping, Timeout) of
         {ok, pong} ->
-            case kem_version:check(ask(Port, version, Timeout)) of
+            case kem_version:check(ask(State, version, Timeout)) of
                 ok -> {ok, State};
                 {error, Reason} -> close(State), {stop, Reason}
             end;
         {exit_status, Status} ->
             {stop, {port_exited_at_start, Status}};
+        {fatal, {Reason, Detail}} ->
+            close(State),
+            {stop, {Reason, Detail}};
         timeout ->
             close(State),
             {stop, {port_start_timeout, Timeout}};
@@ -280,17 +285,25 @@ handshake(State = #{port := Port}) ->
     end.
 
 %% One request before any caller's: ReqId 0, answered in order.
-ask(Port, Method, Timeout) ->
+ask(State = #{port := Port}, Method, Timeout) ->
     true = port_command(Port, term_to_binary({call, 0, Method, {}})),
+    await_answer(State, erlang:monotonic_time(millisecond) + Timeout).
+
+await_answer(State = #{port := Port, name := Name}, Deadline) ->
     receive
         {Port, {data, Frame}} ->
             case decode(Frame) of
                 {reply, 0, Result} -> Result;
-                Other -> Other
+                {fatal, _} = Fatal -> Fatal;
+                Other ->
+                    case kem_log:frame(Name, Other) of
+                        true -> await_answer(State, Deadline);
+                        false -> Other
+                    end
             end;
         {Port, {exit_status, Status}} ->
             {exit_status, Status}
-    after Timeout ->
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         timeout
     end.
 
