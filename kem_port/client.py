@@ -89,12 +89,16 @@ class PortClient:
         with self._write_lock:
             self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
 
-    def call_async(self, method: str, *args: Any) -> Future:
+    def call_async(self, method: str, *args: Any, timeout_ms: int | None = None) -> Future:
+        """Send a request; with timeout_ms the port is told the caller's
+        timeout, as the Erlang owner does (docs/protocol.md)."""
         req_id = next(self._ids)
         fut: Future = Future()
         with self._lock:
             self._pending[req_id] = fut
-        term = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        term: tuple = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        if timeout_ms is not None:
+            term += (timeout_ms,)
         self.send_raw(terms.encode(term))
         return fut
 

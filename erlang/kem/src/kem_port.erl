@@ -9,15 +9,21 @@
 %%% Failure handling, in one place:
 %%% - the port exits: every waiting caller gets `{error, {port_exited, S}}'
 %%%   at once and the server stops, so the supervisor starts a new port;
-%%% - a call outlives its timeout: the caller gets `{error, {timeout, _}}';
-%%%   with `kill_on_timeout' (default) the port is killed too, since a
-%%%   kernel still running would stall every later call on it;
+%%% - a call outlives its timeout: the caller gets `{error, {timeout, _}}'
+%%%   saying what the call was waiting for. The port itself answers calls
+%%%   whose deadline (sent with each call) passes while they wait for a
+%%%   kernel fetch or in its queue. When the owner's timer fires first it
+%%%   asks the port where the call is (`call_state'): only when the GPU
+%%%   thread is inside that very call, or the port does not answer within
+%%%   `probe_timeout' ms, is the port killed (with `kill_on_timeout', the
+%%%   default), since a kernel still running would stall every later call;
 %%% - the node dies: the port's stdin closes and Python exits on EOF.
 -module(kem_port).
 -behaviour(gen_server).
 
 -export([start_link/2, start_link/3, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
+-export([maybe_kill/2]).
 
 -define(MARGIN_MS, 2000).
 %% What a timer and a receive accept (2^32 - 1 ms), margin included: a
@@ -95,7 +101,7 @@ init({Name, _Index, Command, ShmDir}) ->
     Python = python_executable(),
     case open(Python, Command, ShmDir) of
         {ok, Port} ->
-            State = #{name => Name, port => Port, next => 1, pending => #{},
+            State = #{name => Name, port => Port, next => 1, pending => #{}, probes => #{},
                       os_pid => os_pid_of(Port)},
             kem_metrics:port_started(Name),
             handshake(State);
@@ -106,7 +112,7 @@ init({Name, _Index, Command, ShmDir}) ->
 handle_call({call, Method, Args, Timeout}, From, State)
         when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     #{port := Port, next := Id, pending := Pending} = State,
-    try port_command(Port, term_to_binary({call, Id, Method, Args})) of
+    try port_command(Port, term_to_binary(request(Id, Method, Args, Timeout))) of
         true ->
             TRef = case Timeout of
                 infinity -> undefined;
@@ -134,18 +140,18 @@ handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
             %% Our own port wrote something that is not a term: the stream is
             %% out of sync and no later reply can be trusted.
             stop_port_exited(corrupt_frame, State);
+        {reply, Id, Result} when is_map_key(Id, map_get(probes, State)) ->
+            kem_timeout:probe_answered(Id, Result, State);
         Reply ->
             {noreply, handle_reply(Reply, State)}
     end;
 handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
-    case maps:take(Id, Pending) of
-        {{From, _TRef, Method}, Rest} ->
-            Detail = iolist_to_binary(io_lib:format("~p did not finish in time", [Method])),
-            gen_server:reply(From, {error, {timeout, Detail}}),
-            maybe_kill(State#{pending := Rest}, Id);
-        error ->
-            {noreply, State}
+    case maps:find(Id, Pending) of
+        {ok, _} -> kem_timeout:call_timed_out(Id, State);
+        error -> {noreply, State}
     end;
+handle_info({probe_timeout, ProbeId}, State) ->
+    kem_timeout:probe_unanswered(ProbeId, State);
 handle_info({Port, {exit_status, Status}}, State = #{port := Port}) ->
     stop_port_exited(Status, State);
 handle_info({'EXIT', Port, Reason}, State = #{port := Port}) ->
@@ -204,6 +210,13 @@ decode(Frame) ->
     catch error:badarg -> {bad_frame, Frame}
     end.
 
+%% The call's timeout travels with it: the port answers `timeout' itself
+%% when it passes while the call is queued or fetching (docs/protocol.md).
+request(Id, Method, Args, infinity) -> {call, Id, Method, Args};
+request(Id, Method, Args, Timeout) -> {call, Id, Method, Args, max(1, Timeout)}.
+
+%% @private Called by kem_timeout once it knows the GPU is stuck in call Id.
+-spec maybe_kill(map(), integer()) -> {noreply, map()} | {stop, term(), map()}.
 maybe_kill(State, Id) ->
     case application:get_env(kem, kill_on_timeout, true) of
         true ->
