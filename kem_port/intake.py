@@ -19,8 +19,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from kem_port import log_frames
+from kem_port import debug_calls, log_frames
 from kem_port.admission.guard import CompileGuard
 from kem_port.arweave.budget import fetch_deadline
 from kem_port.budget import WorkBudget
@@ -71,6 +72,7 @@ class Intake:
         self._fetchers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="kem-fetch")
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
         self.states = CallStates(loop)  # where a call is, for call_state
+        self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
 
     @property
     def fetch_pool(self) -> ThreadPoolExecutor:
@@ -149,6 +151,15 @@ class Intake:
             self.fail(req_id, error)
 
         job = Job(call=call, source=source, reply=answer, fail=refuse, tag=req_id, deadline=deadline.at)
+        if call.debug and self.reply_value is not None:
+            reply_value = self.reply_value
+
+            def answer_debug(value: tuple[bytes, dict]) -> None:
+                release()
+                reply_value(req_id, value)
+
+            debug_calls.enqueue(self.loop, req_id, job, answer_debug)
+            return
         if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
             self.stats.inc("inline_calls")
             return

@@ -26,7 +26,7 @@ MAX_REQ_ID = (1 << 64) - 1
 PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook")
-EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug")
 
 
 def version_info() -> dict:
@@ -217,4 +217,9 @@ def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config,
     groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
     entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
     out_path = shm.output_path(named["output_shm"]) if "output_shm" in named else None
-    return KernelCall(kid, data, size, params, groups, entry, out_path)
+    debug = named.get("debug", False)
+    if debug is not True and debug is not False:
+        raise bad_args("debug must be true or false")
+    if debug:
+        out_path = None  # a debug call answers in the reply, records beside the result
+    return KernelCall(kid, data, size, params, groups, entry, out_path, debug)

@@ -79,6 +79,7 @@ class Router:
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
         self.health = Health(executor, config)
+        self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
 
     def start(self) -> None:
         self.loop.start()

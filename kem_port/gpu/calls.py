@@ -61,6 +61,7 @@ class KernelCall:
     workgroups: tuple[int, int, int] | None = None
     entry_point: str = "main"
     output_path: str | None = None  # result goes to this shared-memory file
+    debug: bool = False  # bind the debug channel (gpu/debug_run.py, docs/debug.md)
 
     @property
     def param_words(self) -> tuple[int, ...]:

@@ -21,7 +21,8 @@
                   entry_point => binary() | atom(),
                   timeout => timeout(),
                   max_output_bytes => non_neg_integer(),
-                  usage => boolean()}.
+                  usage => boolean(),
+                  debug => boolean()}.
 %% What one call cost, for metering: `us' is GPU time where the port
 %% measured it (`clock => gpu'), else the caller's wall time (`clock => wall').
 -type usage() :: #{kernel_id := binary() | undefined,
@@ -37,15 +38,18 @@
 %% `byte_size(Input) * output_size_hint' (hint default 1). `timeout' (ms,
 %% 1..3600000 or infinity) defaults to the app env `timeout';
 %% `max_output_bytes' refuses a larger output with `too_large' before
-%% anything runs; with `usage => true' a success is `{ok, Result, Usage}'.
-%% Any other option is refused with `bad_args'.
+%% anything runs; with `usage => true' a success is `{ok, Result, Usage}';
+%% with `debug => true' it is `{ok, Result, #{debug => #{records := [u32],
+%% dropped := N, capacity := C}}}', the records the kernel wrote to its
+%% debug channel (docs/debug.md). Any other option is refused with `bad_args'.
 -spec execute(term(), term(), term()) ->
-    {ok, binary()} | {ok, binary(), usage()} | {error, kem_port:reason()}.
+    {ok, binary()} | {ok, binary(), usage() | #{debug := map()}} | {error, kem_port:reason()}.
 execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
     case kem_args:execute_opts(Opts) of
         {ok, Timeout, Budget, WantUsage, PortOpts} ->
             T = case Timeout of default -> default_timeout(); _ -> Timeout end,
             case budgeted(execute, {KernelId, Input, PortOpts}, Budget, T) of
+                {{ok, {Result, Debug}}, _Usage} when is_map(Debug) -> {ok, Result, #{debug => Debug}};
                 {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
                 {Reply, _Usage} -> Reply
             end;
