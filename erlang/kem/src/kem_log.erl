@@ -30,8 +30,10 @@ setup() ->
     case level() of
         {ok, Level} ->
             %% Only a level the operator set overrides the node's own.
-            _ = [logger:set_module_level(?MODULE, Level) || application:get_env(kem, log) =/= undefined,
-                                                             application:get_env(kem, log) =/= {ok, undefined}],
+            case application:get_env(kem, log, undefined) of
+                undefined -> ok;
+                _ -> ok = logger:set_module_level(?MODULE, Level)
+            end,
             _ = logger:add_primary_filter(?FILTER, {fun ?MODULE:drop_restart_reports/2, kem_sup}),
             ok;
         {error, _} = Error ->
