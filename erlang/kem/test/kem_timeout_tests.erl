@@ -12,7 +12,8 @@ timeout_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun stalled_gateway_is_answered_and_port_kept/0},
       {timeout, 60, fun queued_call_is_answered_and_port_kept/0},
-      {timeout, 60, fun call_the_gpu_is_inside_restarts_the_port/0}]}.
+      {timeout, 60, fun call_the_gpu_is_inside_restarts_the_port/0},
+      {timeout, 60, fun stuck_reader_restarts_the_port/0}]}.
 
 start() ->
     {ok, Listen} = gen_tcp:listen(0, [binary, {active, false}, {reuseaddr, true}, {ip, {127, 0, 0, 1}}]),
@@ -80,6 +81,21 @@ call_the_gpu_is_inside_restarts_the_port() ->
     ?assertMatch({error, {timeout, _}}, Result),
     {error, {timeout, Detail}} = Result,
     ?assertNotEqual(nomatch, binary:match(Detail, <<"the GPU thread is inside this call; the port was restarted">>)),
+    ok = wait_for_service(10000),
+    ?assertNotEqual(OsPid, kem_port:os_pid(Port)).
+
+%% The reader itself stuck (an inline call): the probe goes unanswered.
+stuck_reader_restarts_the_port() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    T0 = now_ms(),
+    Result = kem:call(test_hook, {sleep_reader, 5000}, 300),
+    Took = now_ms() - T0,
+    ?assertMatch({error, {timeout, _}}, Result),
+    {error, {timeout, Detail}} = Result,
+    ?assertNotEqual(nomatch, binary:match(Detail, <<"did not say where the call is; it is stuck; the port was restarted">>)),
+    %% 300 ms timeout plus the 1000 ms probe_timeout.
+    ?assert(Took >= 1300),
     ok = wait_for_service(10000),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)).
 
