@@ -222,10 +222,11 @@ quarantine_check(none) -> ok;
 quarantine_check(Kernel) -> kem_quarantine:check(Kernel).
 
 %% Only a kernel that outlived the full default timeout: a caller that asked
-%% for less cannot get a kernel refused for everyone.
+%% for less cannot get a kernel refused for everyone. Nor one whose call
+%% only waited, for a fetch or in the queue (kem_timeout).
 quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
         when Kernel =/= none, is_integer(Timeout) ->
-    case Timeout >= default_timeout() of
+    case Timeout >= default_timeout() andalso kem_timeout:kernel_was_stuck(Result) of
         true -> ok = kem_quarantine:add(Kernel);
         false -> ok
     end,

@@ -19,9 +19,23 @@
 %%% The call's own reply, when it comes while the probe is out, still wins.
 -module(kem_timeout).
 
--export([call_timed_out/2, probe_answered/3, probe_unanswered/2]).
+-export([call_timed_out/2, probe_answered/3, probe_unanswered/2, kernel_was_stuck/1]).
 
 -type state() :: map().
+
+%% Details of a timeout that was not the kernel's doing: it waited (for a
+%% fetch, in the queue) and its port was kept. The port's own answers and
+%% `finish/4' below write them.
+-define(NOT_STUCK, [<<"the port was kept">>, <<"waiting for the kernel fetch">>, <<"in the port's queue">>]).
+
+%% @doc Whether a `{error, {timeout, Detail}}' means the kernel itself ran
+%% past its time (kem_quarantine refuses it for a while), not a call that
+%% only waited for a fetch or for other work.
+-spec kernel_was_stuck({error, {timeout, binary()}}) -> boolean().
+kernel_was_stuck({error, {timeout, Detail}}) when is_binary(Detail) ->
+    binary:match(Detail, ?NOT_STUCK) =:= nomatch;
+kernel_was_stuck(_) ->
+    true.
 
 %% @doc The timer of pending call Id fired: probe the port.
 -spec call_timed_out(integer(), state()) -> {noreply, state()} | {stop, term(), state()}.
