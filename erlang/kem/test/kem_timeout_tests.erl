@@ -12,6 +12,7 @@ timeout_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun stalled_gateway_is_answered_and_port_kept/0},
       {timeout, 60, fun queued_call_is_answered_and_port_kept/0},
+      {timeout, 60, fun a_call_that_only_waited_is_not_quarantined/0},
       {timeout, 60, fun call_the_gpu_is_inside_restarts_the_port/0},
       {timeout, 60, fun stuck_reader_restarts_the_port/0}]}.
 
@@ -73,6 +74,22 @@ queued_call_is_answered_and_port_kept() ->
     ?assertEqual({busy, {ok, ok}}, receive {busy, _} = B -> B after 10000 -> none end),
     ?assertEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual({ok, <<2, 6, 10, 14>>}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{})).
+
+%% kem_quarantine refuses a kernel whose call outlived the default timeout;
+%% not when the call only waited in the queue behind other work.
+a_call_that_only_waited_is_not_quarantined() ->
+    {ok, Default} = application:get_env(kem, timeout),
+    Self = self(),
+    spawn_link(fun() -> Self ! {busy, kem:call(test_hook, {sleep_gpu, 1500}, 10000)} end),
+    timer:sleep(200),
+    ok = application:set_env(kem, timeout, 300),
+    try
+        ?assertMatch({error, {timeout, _}}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{})),
+        ?assertEqual({busy, {ok, ok}}, receive {busy, _} = B -> B after 10000 -> none end),
+        ?assertEqual({ok, <<2, 6, 10, 14>>}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{}))
+    after
+        application:set_env(kem, timeout, Default)
+    end.
 
 call_the_gpu_is_inside_restarts_the_port() ->
     [Port] = kem_sup:port_names(),
