@@ -84,12 +84,13 @@ def test_call_state_says_where_a_call_is(port):
     assert unknown_state["state"] == "unknown"
 
 
-def test_malformed_call_timeout_is_refused(port):
-    req = (terms.atom("call"), 77, terms.atom("ping"), (), terms.atom("soon"))
-    n = len(port.unmatched)
-    port.send_raw(terms.encode(req))
-    with pytest.raises(PortError) as caught:
-        port.call_async("ping", timeout_ms=0).result(10)
+def test_malformed_call_timeout_is_refused():
+    with PortClient() as port:  # its own port: the unmatched reply stays here
+        req = (terms.atom("call"), 77, terms.atom("ping"), (), terms.atom("soon"))
+        n = len(port.unmatched)
+        port.send_raw(terms.encode(req))
+        with pytest.raises(PortError) as caught:
+            port.call_async("ping", timeout_ms=0).result(30)
     assert (caught.value.reason, caught.value.detail) == ("bad_args", "TimeoutMs must be an integer > 0")
     # ReqId 77 was not the client's: its reply is kept as unmatched.
     _, req_id, (status, (reason, detail)) = port.unmatched[n]
