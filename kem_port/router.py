@@ -43,19 +43,6 @@ from kem_port.stats import Stats
 log = logging.getLogger("kem_port.router")
 
 
-def describe_config(config: Config, resolver: KernelResolver) -> dict:
-    """The settings in force, for ``config`` and ``adapter_info``."""
-    remote = resolver.remote.describe() if resolver.remote else {}
-    return {
-        "kernel_dirs": resolver.describe_local(),
-        "max_output_bytes": config.max_output_bytes,
-        "max_input_bytes": config.max_input_bytes,
-        "queue_limit": config.queue_limit,
-        "max_batch": config.max_batch,
-        **remote,
-    }
-
-
 class Router:
     def __init__(
         self,
@@ -155,7 +142,7 @@ class Router:
         elif method == "adapter_info":
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))
-            self.reply_ok(req_id, self.executor.adapter_info_json({"kem": describe_config(self.config, self.resolver)}))
+            self.reply_ok(req_id, self.executor.adapter_info_json({"kem": self.describe_config()}))
         elif method == "health":
             self.reply_ok(req_id, self.health.describe())
         elif method == "stats":
