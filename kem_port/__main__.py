@@ -1,17 +1,22 @@
 """``python -m kem_port``: the port program.
 
-Descriptor 1 is taken for frames before anything that could print is
-imported (wgpu loads native libraries at import time).
+Before anything that could print is imported (wgpu loads native libraries
+at import time): descriptor 1 is taken for frames, descriptor 2 is captured
+for the log pipeline (native_stderr.py), and Mesa gets a valid
+``XDG_RUNTIME_DIR`` (runtime_dir.py).
 """
 
+from kem_port import native_stderr, runtime_dir
 from kem_port.stdio_guard import claim_protocol_fds
 
 
 def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
+    captured = native_stderr.capture()
+    runtime_dir.ensure()
     from kem_port.server import serve
 
-    return serve(in_fd, out_fd)
+    return serve(in_fd, out_fd, captured)
 
 
 if __name__ == "__main__":

@@ -54,13 +54,14 @@ class GpuLayer(NamedTuple):
     plan_dispatch: Callable[..., tuple[int, int, int]]
     compile: Callable[[Any, KernelSource, KernelCall], Any]  # (executor, source, call) -> Pipeline
     dispatch_limits: Callable[[Any], Any]  # executor -> DispatchLimits
+    run_debug: Callable[[Any, Any], tuple[bytes, dict]]  # (executor, job) -> (output, records); docs/debug.md
 
 
 def gpu_layer() -> GpuLayer:
     """The one place that names the GPU layer's modules and members.
     Imported lazily, so ``kem --help`` and ``kem publish --no-check`` never
     load wgpu."""
-    from kem_port.gpu import calls, device, dispatch, executor, wgsl_reflect
+    from kem_port.gpu import calls, debug_run, device, dispatch, executor, wgsl_reflect
 
     return GpuLayer(
         Executor=executor.Executor,
@@ -70,6 +71,7 @@ def gpu_layer() -> GpuLayer:
         plan_dispatch=dispatch.plan_dispatch,
         compile=lambda ex, source, call: ex.pipelines.get(ex.gpu.require(), source, call),
         dispatch_limits=lambda ex: ex.gpu.dispatch_limits,
+        run_debug=debug_run.run_debug,
     )
 
 
@@ -157,10 +159,11 @@ class Runner:
         params: bytes | None = None,
         workgroups: Sequence[int] | None = None,
         entry_point: str = "main",
+        debug: bool = False,
     ) -> KernelCall:
         """A KernelCall checked by the port's own rules (protocol.kernel_call)."""
         atom = terms.atom
-        opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode())}
+        opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode()), atom("debug"): debug}
         if output_size is not None:
             opts[atom("output_size")] = operator.index(output_size)
         else:
@@ -185,6 +188,17 @@ class Runner:
         gpu = gpu_layer()
         pipeline = self.compile(source, call)
         return gpu.plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits(self.executor))
+
+    def execute_debug(self, source: KernelSource, call: KernelCall) -> tuple[bytes, dict]:
+        """Run one call made with ``debug=True``: its output and the records
+        its kernel wrote to the debug channel (docs/debug.md)."""
+        gpu = gpu_layer()
+        job = gpu.Job(call=call, source=source, reply=lambda view: None, fail=lambda error: None)
+        with self._lock:
+            started = time.perf_counter()
+            result = gpu.run_debug(self.executor, job)
+            self.timings.run = time.perf_counter() - started
+        return result
 
     def execute(self, source: KernelSource, call: KernelCall) -> bytes:
         """Run one checked call on the GPU (compiling first if needed); its output bytes."""

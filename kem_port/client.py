@@ -8,10 +8,12 @@ pipes; replies may come back out of order and are matched by ReqId.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -76,6 +78,10 @@ class PortClient:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self.unmatched: list[Any] = []
+        # The port's log frames (docs/protocol.md), newest last, as plain
+        # (level, logger, message, meta); each is also re-logged here.
+        self.logs: deque[tuple[str, str, str, dict]] = deque(maxlen=1000)
+        self.fatal: tuple[str, str] | None = None
         self._reader = threading.Thread(target=self._read_loop, daemon=True)
         self._reader.start()
 
@@ -83,12 +89,16 @@ class PortClient:
         with self._write_lock:
             self.proc.stdin.write(HEADER.pack(len(payload)) + payload)
 
-    def call_async(self, method: str, *args: Any) -> Future:
+    def call_async(self, method: str, *args: Any, timeout_ms: int | None = None) -> Future:
+        """Send a request; with timeout_ms the port is told the caller's
+        timeout, as the Erlang owner does (docs/protocol.md)."""
         req_id = next(self._ids)
         fut: Future = Future()
         with self._lock:
             self._pending[req_id] = fut
-        term = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        term: tuple = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        if timeout_ms is not None:
+            term += (timeout_ms,)
         self.send_raw(terms.encode(term))
         return fut
 
@@ -123,10 +133,18 @@ class PortClient:
             self._dispatch(terms.decode(body))
         with self._lock:
             pending, self._pending = self._pending, {}
+        error = PortError(*self.fatal) if self.fatal else PortError("port_exited", str(self.proc.poll()))
         for fut in pending.values():
-            fut.set_exception(PortError("port_exited", str(self.proc.poll())))
+            fut.set_exception(error)
 
     def _dispatch(self, reply: Any) -> None:
+        tag = terms.atom_name(reply[0])
+        if tag == "log":
+            self._log(reply)
+            return
+        if tag == "fatal":
+            self.fatal = (terms.atom_name(reply[1][0]) or "?", plain(reply[1][1]))
+            return
         _, req_id, result = reply
         with self._lock:
             fut = self._pending.pop(req_id, None)
@@ -157,6 +175,12 @@ class PortClient:
             opts["return"] = list(returns)
         ref = session.ref if session is not None else terms.atom("undefined")
         return _named(self.call("chain", ref, [_step_term(s) for s in steps], opts))
+
+    def _log(self, frame: Any) -> None:
+        _, level, logger, message, meta = plain(frame)
+        self.logs.append((level, logger, message, meta))
+        levelno = logging.getLevelName(level.upper())
+        logging.getLogger(logger).log(levelno if isinstance(levelno, int) else logging.WARNING, "%s", message)
 
     def close(self, timeout: float = 10.0) -> int:
         try:

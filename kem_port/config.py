@@ -56,6 +56,16 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"is not a log level ({', '.join(LOG_LEVELS)})")
+    return value.upper()
+
+
 def _list(raw: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
@@ -71,7 +81,7 @@ def _ms_to_s(raw: str) -> float:
 GATEWAYS = ["https://arweave.net"]
 S = Setting
 SETTINGS: tuple[Setting, ...] = (
-    S("log", "log_level", "WARNING", str.upper, "`WARNING`", "log level (stderr; stdout carries only frames)"),
+    S("log", "log_level", "WARNING", _log_level, "`warning`", "`debug`, `info`, `warning`, `error` or `critical`: records at this level and up go to the node's `logger` as frames (docs/logging.md)"),
     S("adapter", "adapter", None, _text, "best available", "adapter by index or name substring"),
     S("max_output_bytes", "max_output_bytes", 256 * MiB, _integer(4), "256 MiB", "largest output; refused beyond, before allocating (the adapter's binding limit also applies)"),
     S("max_input_bytes", "max_input_bytes", 256 * MiB, _integer(4), "256 MiB", "largest input; refused beyond, before allocating"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -52,6 +53,10 @@ class GpuLoop:
         self.queue: queue.Queue[Job | Control] = queue.Queue(maxsize=queue_limit)
         self.sizer = BatchSizer(max_batch)
         self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
+        # What the GPU thread is inside now, for state_of (a timed-out
+        # caller's port is killed only when its own call is running).
+        self._running: list[Job] = []
+        self._control_tag: object = None
 
     def start(self) -> None:
         self._thread.start()
@@ -65,6 +70,20 @@ class GpuLoop:
 
     def describe(self) -> dict:
         return {"queue_depth": self.queue.qsize(), "batch_cap": self.sizer.limit()}
+
+    def state_of(self, tag: object) -> tuple[str, int] | None:
+        """("running", 0) when the GPU thread is inside the call tagged tag,
+        ("queued", calls ahead of it), or None when it is in neither."""
+        if tag is None:
+            return None
+        if tag == self._control_tag or any(job.tag == tag for job in list(self._running)):
+            return "running", 0
+        with self.queue.mutex:
+            waiting = list(self.queue.queue)
+        for ahead, item in enumerate(waiting):
+            if getattr(item, "tag", None) == tag:
+                return "queued", ahead
+        return None
 
     def run_inline(self, job: Job) -> bool:
         """Run a lone small call on the calling (reader) thread; False if it must queue.
@@ -109,14 +128,18 @@ class GpuLoop:
         flight: Flight | None = None
         while item is not None or flight is not None:
             batch, control = self._batch_from(item)
+            batch = self._unexpired(batch)
             landing = flight
+            self._running = batch + (flight.jobs if flight is not None else [])
             flight = self._step(flight, batch)
+            self._running = flight.jobs if flight is not None else []
             if landing is not None:
                 self._learn(landing)
             if control is not None:
                 # A control action (test hooks) runs with nothing in flight.
                 self._land(flight)
                 flight = None
+                self._running = []
                 self._run_control(control)
             item = self._next_nowait()
 
@@ -126,6 +149,18 @@ class GpuLoop:
         if not isinstance(item, Job):
             return [], item
         return self._drain(item)
+
+    def _unexpired(self, batch: list[Job]) -> list[Job]:
+        """Answer the calls whose caller stopped waiting while they were
+        queued (a GPU busy with other work is not theirs to die for)."""
+        now = time.monotonic()
+        if not any(job.expired(now) for job in batch):
+            return batch
+        for job in batch:
+            if job.expired(now):
+                waited = (time.perf_counter() - job.enqueued) * 1000
+                job.refuse(KemError("timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it"))
+        return [job for job in batch if not job.answered]
 
     def _next_nowait(self) -> Job | Control | None:
         try:
@@ -171,7 +206,10 @@ class GpuLoop:
         self.sizer.record(cost.calls, cost.seconds, cost.largest_call_bytes <= SMALL_CALL)
 
     def _run_control(self, control: Control) -> None:
+        self._control_tag = getattr(control, "tag", None)
         try:
             control(self.executor)
         except Exception:
             log.exception("control action failed")
+        finally:
+            self._control_tag = None

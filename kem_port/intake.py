@@ -18,9 +18,14 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
+from kem_port import debug_calls, log_frames
 from kem_port.admission.guard import CompileGuard
+from kem_port.arweave.budget import fetch_deadline
 from kem_port.budget import WorkBudget
+from kem_port.call_state import CallStates
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu.calls import Job, KernelCall
@@ -34,6 +39,14 @@ log = logging.getLogger("kem_port.intake")
 FETCH_THREADS = 16
 Reply = Callable[[int, KernelCall, memoryview], None]
 Fail = Callable[[int, KemError], None]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The node's deadline for a call (``time.monotonic()``) and its timeout."""
+
+    at: float | None = None
+    timeout_s: float | None = None
 
 
 class Once:
@@ -58,14 +71,18 @@ class Intake:
         self.budget = WorkBudget(config.queue_limit, config.queue_bytes)
         self._fetchers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="kem-fetch")
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
+        self.states = CallStates(loop)  # where a call is, for call_state
+        self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
 
     @property
     def fetch_pool(self) -> ThreadPoolExecutor:
         """Where fetches run; session methods fetch their kernels there too."""
         return self._fetchers
 
-    def submit(self, req_id: int, call: KernelCall) -> None:
-        """Take the call in, or raise KemError (answered by the router)."""
+    def submit(self, req_id: int, call: KernelCall, deadline: float | None = None, timeout_s: float | None = None) -> None:
+        """Take the call in, or raise KemError (answered by the router).
+        With the node's deadline the call is answered ``timeout`` when it
+        passes while the call waits for its fetch or in the queue."""
         size = call.batch_bytes
         try:
             self.budget.take(size)
@@ -74,31 +91,44 @@ class Intake:
             raise
         release = Once(lambda: self.budget.give(size))
         try:
-            self._route(req_id, call, release)
+            self._route(req_id, call, release, Deadline(deadline, timeout_s))
         except BaseException:
             release()
             raise
 
-    def _route(self, req_id: int, call: KernelCall, release: Callable[[], None]) -> None:
+    def _route(self, req_id: int, call: KernelCall, release: Callable[[], None], deadline: Deadline) -> None:
         source = self.resolver.resolve_local(call.kernel_id)
         if source is None:
             if not self.resolver.needs_fetch(call.kernel_id):
                 raise KemError("kernel_not_found", f"no kernel {call.kernel_id!r} on this node")
-            self._fetchers.submit(self._later, req_id, call, release, lambda: self.resolver.fetch(call.kernel_id))
+            find = lambda: self._fetch(req_id, call, deadline)  # noqa: E731
+            self._fetchers.submit(self._later, req_id, call, release, find, deadline)
             return
         admitted = self.guard.is_admitted(source, call) if self.guard is not None else source
         if admitted is not None:
-            self._enqueue(req_id, call, admitted, release, may_inline=True)
+            self._enqueue(req_id, call, admitted, release, deadline, may_inline=True)
         else:
-            self._admitters.submit(self._later, req_id, call, release, lambda: source)
+            self._admitters.submit(self._later, req_id, call, release, lambda: source, deadline)
 
-    def _later(self, req_id: int, call: KernelCall, release: Callable[[], None], find: Callable[[], KernelSource]) -> None:
+    def _fetch(self, req_id: int, call: KernelCall, deadline: Deadline) -> KernelSource:
+        """The kernel from the gateways, within the call's time (arweave/budget.py)."""
+        try:
+            with self.states.waiting(req_id, "fetching", f"the gateways to deliver kernel {call.kernel_id}"):
+                return self.resolver.fetch(call.kernel_id, fetch_deadline(deadline.at, deadline.timeout_s))
+        except KemError as exc:
+            if exc.reason == "timeout":  # say what the call waited for
+                raise KemError("timeout", f"waiting for the kernel fetch: {exc.detail}") from None
+            raise
+
+    def _later(self, req_id: int, call: KernelCall, release: Callable[[], None], find: Callable[[], KernelSource],
+               deadline: Deadline) -> None:
         """On a fetch or admission thread: find the source, admit it, enqueue."""
         try:
             source = find()
             if self.guard is not None:
-                source = self.guard.admit(source, call)
-            self._enqueue(req_id, call, source, release)
+                with self.states.waiting(req_id, "admitting", f"kernel {call.kernel_id} to compile in the guard"):
+                    source = self.guard.admit(source, call)
+            self._enqueue(req_id, call, source, release, deadline)
             return
         except KemError as exc:
             error = exc
@@ -106,19 +136,30 @@ class Intake:
             log.exception("kernel %s could not be prepared", call.kernel_id)
             error = KemError("internal", "the kernel could not be prepared (details in the node's log)")
         release()
+        log_frames.kernel_failed(call.kernel_id, error)
         self.fail(req_id, error)
 
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
-                 may_inline: bool = False) -> None:
+                 deadline: Deadline, may_inline: bool = False) -> None:
         def answer(view: memoryview) -> None:
             release()
             self.reply(req_id, call, view)
 
         def refuse(error: KemError) -> None:
             release()
+            log_frames.kernel_failed(call.kernel_id, error)
             self.fail(req_id, error)
 
-        job = Job(call=call, source=source, reply=answer, fail=refuse)
+        job = Job(call=call, source=source, reply=answer, fail=refuse, tag=req_id, deadline=deadline.at)
+        if call.debug and self.reply_value is not None:
+            reply_value = self.reply_value
+
+            def answer_debug(value: tuple[bytes, dict]) -> None:
+                release()
+                reply_value(req_id, value)
+
+            debug_calls.enqueue(self.loop, req_id, job, answer_debug)
+            return
         if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
             self.stats.inc("inline_calls")
             return

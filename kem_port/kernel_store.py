@@ -42,7 +42,7 @@ class RemoteStore(Protocol):
 
     def cached(self, kernel_id: str) -> KernelSource | None: ...
 
-    def fetch(self, kernel_id: str) -> KernelSource: ...
+    def fetch(self, kernel_id: str, deadline: float | None = None) -> KernelSource: ...
 
     def describe(self) -> dict: ...
 
@@ -98,10 +98,11 @@ class KernelResolver:
     def needs_fetch(self, kernel_id: str) -> bool:
         return self.remote is not None and self.remote.accepts(kernel_id)
 
-    def fetch(self, kernel_id: str) -> KernelSource:
+    def fetch(self, kernel_id: str, deadline: float | None = None) -> KernelSource:
+        """Fetch from the remote store, by ``deadline`` (``time.monotonic()``) if given."""
         if self.remote is None or not self.remote.accepts(kernel_id):
             raise KemError("kernel_not_found", f"no kernel {kernel_id!r} on this node")
-        return self.remote.fetch(kernel_id)
+        return self.remote.fetch(kernel_id, deadline)
 
     def describe_local(self) -> str:
         return ", ".join(str(s.directory) for s in self.local)

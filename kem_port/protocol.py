@@ -9,6 +9,7 @@ docs/protocol.md is the normative description.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +25,8 @@ ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_REQ_ID = (1 << 64) - 1
 PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
-INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "stats", "config", "test_hook", "warm")
-EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm")
+INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook", "warm")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug")
 
 
 def version_info() -> dict:
@@ -40,13 +41,20 @@ class Call:
     req_id: int
     method: str
     args: tuple
+    timeout_s: float | None = None  # the node's timeout for this call
+    deadline: float | None = None  # time.monotonic() when the node stops waiting
 
 
 def parse_call(term: Any) -> Call:
-    """Check the envelope. A KemError raised here carries no usable ReqId."""
-    if not (isinstance(term, tuple) and len(term) == 4 and atom_name(term[0]) == "call"):
-        raise KemError("bad_request", "expected {call, ReqId, Method, Args}")
-    _, req_id, method, args = term
+    """Check the envelope. A KemError raised here carries no usable ReqId.
+
+    ``{call, ReqId, Method, Args, TimeoutMs}`` also carries the node's
+    timeout for the call: the port answers ``timeout`` itself when the
+    call's deadline passes while it is queued or fetching its kernel. (A
+    plain integer: a one-key map cost ~3 us more to decode per call.)"""
+    if not (isinstance(term, tuple) and len(term) in (4, 5) and atom_name(term[0]) == "call"):
+        raise KemError("bad_request", "expected {call, ReqId, Method, Args} or {call, ReqId, Method, Args, TimeoutMs}")
+    _, req_id, method, args = term[:4]
     if not (type(req_id) is int and 0 <= req_id <= MAX_REQ_ID):
         raise KemError("bad_request", "ReqId must be a non-negative integer below 2^64")
     name = atom_name(method)
@@ -54,7 +62,16 @@ def parse_call(term: Any) -> Call:
         raise RequestError(req_id, bad_args("Method must be an atom"))
     if not isinstance(args, tuple):
         raise RequestError(req_id, bad_args("Args must be a tuple"))
-    return Call(req_id, name, args)
+    if len(term) == 4:
+        return Call(req_id, name, args)
+    timeout_s = _call_timeout(req_id, term[4])
+    return Call(req_id, name, args, timeout_s, time.monotonic() + timeout_s)
+
+
+def _call_timeout(req_id: int, value: Any) -> float:
+    if type(value) is not int or not 0 < value <= MAX_REQ_ID:
+        raise RequestError(req_id, bad_args("TimeoutMs must be an integer > 0"))
+    return value / 1000.0
 
 
 class RequestError(Exception):
@@ -200,4 +217,9 @@ def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config,
     groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
     entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
     out_path = shm.output_path(named["output_shm"]) if "output_shm" in named else None
-    return KernelCall(kid, data, size, params, groups, entry, out_path)
+    debug = named.get("debug", False)
+    if debug is not True and debug is not False:
+        raise bad_args("debug must be true or false")
+    if debug:
+        out_path = None  # a debug call answers in the reply, records beside the result
+    return KernelCall(kid, data, size, params, groups, entry, out_path, debug)

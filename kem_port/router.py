@@ -13,19 +13,18 @@ a backlog grow.
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-from kem_port import shm, terms, warm
+from kem_port import shm, terms, test_hooks, warm
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.framing import FrameWriter
+from kem_port.health import Health
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.gpu_loop import Control, GpuLoop, QueueFull
+from kem_port.gpu_loop import GpuLoop
 from kem_port.intake import Intake
 from kem_port.kernel_store import KernelResolver
 from kem_port.session_methods import SessionMethods
@@ -33,6 +32,7 @@ from kem_port.protocol import (
     INLINE_METHODS,
     KERNEL_METHODS,
     version_info,
+    Call,
     RequestError,
     Shm,
     kernel_call,
@@ -65,6 +65,8 @@ class Router:
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
+        self.health = Health(executor, config)
+        self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
 
     def start(self) -> None:
         self.loop.start()
@@ -98,7 +100,7 @@ class Router:
             call = parse_call(terms.decode_request(frame))
             req_id = call.req_id
             self.stats.inc("calls")
-            self._route(call.req_id, call.method, call.args)
+            self._route(call)
         except RequestError as exc:
             self.reply_error(exc.req_id, exc.error)
         except KemError as exc:  # a refused frame may name its ReqId (etf_guard)
@@ -107,11 +109,12 @@ class Router:
             log.exception("internal error")
             self.reply_error(req_id, KemError("internal", "internal error (details in the node's log)"))
 
-    def _route(self, req_id: int, method: str, args: tuple) -> None:
+    def _route(self, call: Call) -> None:
+        req_id, method, args = call.req_id, call.method, call.args
         if method in KERNEL_METHODS:
-            call = kernel_call(method, args, self.config, self.shm)
+            kcall = kernel_call(method, args, self.config, self.shm)
             try:
-                self.intake.submit(req_id, call)
+                self.intake.submit(req_id, kcall, call.deadline, call.timeout_s)
             except KemError as exc:
                 raise RequestError(req_id, exc) from None
         elif method in INLINE_METHODS:
@@ -121,9 +124,15 @@ class Router:
 
     def _inline(self, req_id: int, method: str, args: tuple) -> None:
         if method == "test_hook":
-            return self._test_hook(req_id, args)
+            test_hooks.handle(self, req_id, args)
+            return
         if method == "warm":  # compile kernels before serving (warm.py)
             return warm.request(req_id, args, self.resolver, self.loop, self.intake.guard, self.reply_ok, self.reply_error)
+        if method == "call_state":
+            if len(args) != 1:
+                raise RequestError(req_id, KemError("bad_args", "call_state takes {ReqId}"))
+            self.reply_ok(req_id, self.intake.states.describe(args[0]))
+            return
         if args != ():
             raise RequestError(req_id, KemError("bad_args", f"{method} takes {{}}"))
         if method == "ping":
@@ -136,6 +145,8 @@ class Router:
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))
             self.reply_ok(req_id, self.executor.adapter_info_json({"kem": self.describe_config()}))
+        elif method == "health":
+            self.reply_ok(req_id, self.health.describe())
         elif method == "stats":
             self.reply_ok(req_id, self.stats.snapshot(self._live_stats()))
         elif method == "config":
@@ -160,35 +171,3 @@ class Router:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
         return live
 
-    # -- test hooks (KEM_TEST_HOOKS=1) -----------------------------------
-
-    def _test_hook(self, req_id: int, args: tuple) -> None:
-        if not self.config.test_hooks:
-            raise RequestError(req_id, KemError("unknown_method", "test_hook is off (KEM_TEST_HOOKS=1)"))
-        what = terms.atom_name(args[0]) if args else None
-        if what == "stdout_noise":
-            # What a misbehaving native library might do.
-            print("noise from print()")
-            os.write(1, b"noise written to fd 1\n")
-            self.reply_ok(req_id, terms.atom("ok"))
-        elif what == "destroy_device":
-            self._control(req_id, lambda ex: ex.destroy_device_for_test())
-        elif what == "sleep_gpu" and len(args) == 2 and type(args[1]) is int:
-            self._control(req_id, lambda ex, ms=args[1]: time.sleep(ms / 1000))
-        elif what == "sleep_reader" and len(args) == 2 and type(args[1]) is int:
-            time.sleep(args[1] / 1000)  # a reader stuck in an inline call
-            self.reply_ok(req_id, terms.atom("ok"))
-        else:
-            raise RequestError(
-                req_id, KemError("bad_args", "test_hook {stdout_noise | destroy_device | sleep_gpu, Ms | sleep_reader, Ms}")
-            )
-
-    def _control(self, req_id: int, action: Control) -> None:
-        def run(executor: Executor) -> None:
-            action(executor)
-            self.reply_ok(req_id, terms.atom("ok"))
-
-        try:
-            self.loop.put(run)
-        except QueueFull:
-            raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None

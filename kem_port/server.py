@@ -16,12 +16,14 @@ import threading
 
 from kem_port.admission.guard import guard_from_config
 from kem_port.admission.worker import COMPILE_STACK_BYTES
+from kem_port import log_frames, terms
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.etf_guard import peek_req_id
 from kem_port.framing import FrameWriter, OversizedFrame, read_frame
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
+from kem_port.native_stderr import CapturedStderr, forward
 from kem_port.router import Router
 from kem_port.stats import Stats
 from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting
@@ -36,27 +38,46 @@ def build_remote(config: Config, stats: Stats):
     return ArweaveStore(config, stats)
 
 
-def serve(in_fd: int, out_fd: int) -> int:
+def start_error(writer: FrameWriter, captured: CapturedStderr | None, reason: str, detail: str) -> int:
+    """An invalid setting: say why, as a frame the node's handshake reports
+    (``{fatal, {Reason, Detail}}``) and on the original stderr for a person
+    who started the port by hand; then exit 2."""
+    writer.write([terms.encode((terms.atom("fatal"), (terms.atom(reason), terms.to_term(detail))))])
+    if captured is not None:
+        os.write(captured.original_fd, (detail + "\n").encode())
+    return 2
+
+
+def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> int:
     die_with_parent()
     exit_on_hangup(in_fd)
     # Two busy threads (reader, GPU) hand requests over: a waiting thread
     # otherwise gets the GIL only after the default 5 ms switch interval.
     sys.setswitchinterval(0.0002)
-    config = Config.from_env()
-    logging.basicConfig(stream=sys.stderr, level=config.log_level, format="kem_port[%(process)d] %(levelname)s %(name)s: %(message)s")
-    stats = Stats()
     writer = FrameWriter(out_fd)
+    try:
+        config = Config.from_env()
+    except SystemExit as exc:
+        return start_error(writer, captured, "bad_config", str(exc.code))
+    context = {"port_index": int(os.environ.get("KEM_PORT_INDEX", "0") or 0), "os_pid": os.getpid()}
+    log_frames.install(writer, config.log_level, context, captured.original_fd if captured else None)
+    if captured is not None:
+        forward(captured)
+    stats = Stats()
     executor = Executor(config, stats)
+    open_error: Exception | None = None
     try:
         executor.open()
+        context["adapter"] = executor.info.get("name", "")
     except Exception as exc:  # keep serving: kernel calls will say no_adapter
-        log.error("no GPU device: %s", exc)
+        open_error = exc
     # Threads made from here on (the GPU thread compiles pipelines) get 4x
     # the stack a kernel was allowed in the compile worker, whatever
     # RLIMIT_STACK the node runs under (admission/worker.py).
     threading.stack_size(PORT_THREAD_STACK)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
     router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd), guard_from_config(config, stats))
+    router.health.opened(open_error)
     router.start()
     try:
         while True:

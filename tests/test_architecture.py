@@ -143,6 +143,7 @@ def test_each_setting_maps_to_one_config_field_and_kem_name():
         ({"KEM_VERIFY": "maybe"}, "KEM_VERIFY='maybe' is not one of strict, pinned, strict+pinned, off"),
         ({"KEM_GPU_TIMING": "sometimes"}, "KEM_GPU_TIMING='sometimes' is not one of auto, on, off"),
         ({"KEM_FETCH_TIMEOUT_MS": "0"}, "KEM_FETCH_TIMEOUT_MS='0' is below 1"),
+        ({"KEM_LOG": "verbose"}, "KEM_LOG='verbose' is not a log level (debug, info, warning, error, critical)"),
     ],
 )
 def test_invalid_settings_stop_start_up_with_a_clear_message(env, message):

@@ -24,7 +24,7 @@ def main() -> int:
         frame = read_frame(in_fd, 1 << 31)
         if frame is None:
             os._exit(0)
-        _, req_id, method, args = terms.decode(frame)
+        _, req_id, method, args = terms.decode(frame)[:4]  # a 5th element: the call's timeout
         name = terms.atom_name(method)
         if name in ("execute_kernel", "execute_kernel_with_params", "execute"):
             writer.write(terms.ok_binary_reply(req_id, terms.binary_bytes(args[1])))

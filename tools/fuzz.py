@@ -146,6 +146,8 @@ def fuzz(n: int, seed: int | None = None, env: dict | None = None) -> dict:
             proc.stdin.write(HEADER.pack(len(frame)) + frame)
             sent += 1
             reply = _read_reply(proc, 30.0)
+            while reply is not None and terms.atom_name(erlang.binary_to_term(reply)[0]) == "log":
+                reply = _read_reply(proc, 30.0)  # the port's log records (docs/protocol.md)
             if reply is None:
                 unanswered.append(frame[:64])
                 break

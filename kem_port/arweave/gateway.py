@@ -85,18 +85,21 @@ class Gateway:
         url = f"{self.base}{path}"
         attempt = 0
         while True:
+            # Within the fetch's deadline, itself within the call's (store.py);
+            # raises once it has passed.
+            timeouts = self._timeouts()
             try:
                 resp = self.session.request(
                     method,
                     url,
                     headers={"Accept-Encoding": "identity", **(headers or {})},
-                    timeout=self._timeouts(),
+                    timeout=timeouts,
                     stream=True,
                     allow_redirects=False,
                 )
             except requests.Timeout:
-                if attempt >= self.retries:
-                    raise GatewayError("timeout", f"{method} {path} timed out") from None
+                if attempt >= self.retries or self.deadline - time.monotonic() <= 0.01:
+                    raise GatewayError("timeout", f"{method} {path}: no answer in {timeouts[1]:.1f} s") from None
             except requests.RequestException as exc:
                 if attempt >= self.retries:
                     raise GatewayError("unreachable", f"{method} {path}: {type(exc).__name__}") from None

@@ -22,9 +22,11 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import requests
 
+from kem_port.arweave import budget
 from kem_port.arweave.cache import CacheEntry, CorruptEntry, KernelCache, load_pins
 from kem_port.arweave.gateway import Gateway, GatewayError
 from kem_port.arweave.ids import is_arweave_id
@@ -83,7 +85,9 @@ class ArweaveStore:
         self.stats.inc("arweave_disk_hits")
         return source
 
-    def fetch(self, kernel_id: str) -> KernelSource:
+    def fetch(self, kernel_id: str, deadline: float | None = None) -> KernelSource:
+        """The kernel from the cache or the gateways, by ``deadline``
+        (``time.monotonic()``; budget.py) when one is given."""
         with self._lock:
             flight = self._inflight.get(kernel_id)
             leader = flight is None
@@ -91,9 +95,10 @@ class ArweaveStore:
                 flight = self._inflight[kernel_id] = Future()
         if not leader:
             self.stats.inc("arweave_shared_fetches")
-            return flight.result()
+            return _follow(flight, kernel_id, deadline)
         try:
-            source = self.cached(kernel_id) or self._fetch_from_gateways(kernel_id)
+            with budget.within(deadline):
+                source = self.cached(kernel_id) or self._fetch_from_gateways(kernel_id)
             flight.set_result(source)
             return source
         except BaseException as exc:
@@ -155,6 +160,9 @@ class ArweaveStore:
             raise KemError("not_pinned", f"{kernel_id} has no pin in KEM_PINS and KEM_VERIFY=pinned")
         outcomes: list[tuple[int, GatewayError]] = []
         deadline = time.monotonic() + self.config.fetch_deadline_s
+        call_left = budget.left()  # the call's own deadline, less time to answer (budget.py)
+        if call_left is not None:
+            deadline = min(deadline, time.monotonic() + call_left)
         for number, (gateway, slots) in enumerate(zip(self.gateways, self._slots), start=1):
             try:
                 # Each gateway gets its attempts' worth of time, all within the
@@ -212,6 +220,15 @@ class ArweaveStore:
             _check_pin(fetched.data, pin)
             return fetched.data, "strict+pinned", owner
         return fetched.data, "strict", owner
+
+
+def _follow(flight: Future, kernel_id: str, deadline: float | None) -> KernelSource:
+    """Wait for another call's fetch of the same kernel, up to our deadline."""
+    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        return flight.result(timeout=wait)
+    except FutureTimeout:
+        raise KemError("timeout", f"{kernel_id}: another call's fetch of it did not finish before this call's deadline") from None
 
 
 def _check_pin(data: bytes, pin: str | None) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from kem_port import runtime_dir
 from kem_port.cli import adapters_cmd, check_cmd, publish_cmd, run_cmd
 from kem_port.cli.console import Console, CliError
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    runtime_dir.ensure()  # before a driver loads: no Mesa XDG_RUNTIME_DIR notice
     console = Console(verbose=args.verbose, quiet=args.quiet)
     try:
         _log_to_stderr(os.environ.get("KEM_LOG", "WARNING"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kem_port.cli import common, inputs, output
 from kem_port.cli.console import CliError, Console
@@ -30,6 +31,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--raw", action="store_true", help="pass a PNG --input through as bytes, undecoded")
     common.add_call_options(parser)
     parser.add_argument("-o", "--output", metavar="FILE", help="write the output here ('-' for stdout)")
+    parser.add_argument("--debug", action="store_true", help="bind the kernel's debug channel and print its records on stderr (docs/debug.md)")
     parser.add_argument(
         "--png", nargs="?", const="input", type=_png_size, metavar="WxH",
         help="encode the RGBA output as a PNG of WxH pixels (default: the PNG input's size)",
@@ -53,13 +55,13 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     try:
         call = runner.call(
             source, loaded.data, output_size=args.output_size, hint=args.hint, params=params,
-            workgroups=args.workgroups, entry_point=args.entry_point,
+            workgroups=args.workgroups, entry_point=args.entry_point, debug=args.debug,
         )
         if not runner.executor.is_warm(source, call):
             console.progress(f"compiling {source.kernel_id}")
         runner.compile(source, call)
         console.progress(f"running {source.kernel_id} on {len(loaded.data)} bytes")
-        result = runner.execute(source, call)
+        result = runner.execute(source, call) if not args.debug else _debug(runner.execute_debug(source, call))
     except KemError as exc:
         raise CliError.of(exc) from None
     data = output.encode_png(result, png_size) if png_size else result
@@ -68,6 +70,14 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         console.detail(line)
     console.detail(f"{len(result)} bytes out to {where}")
     return 0
+
+
+def _debug(answer: tuple[bytes, dict]) -> bytes:
+    """Print the debug channel's records (always, not only with -v): asked for."""
+    result, debug = answer
+    records = " ".join(str(r) for r in debug["records"])
+    print(f"kem: debug: {len(debug['records'])} records, {debug['dropped']} dropped: {records}", file=sys.stderr, flush=True)
+    return result
 
 
 def _png_target(png, loaded: inputs.Loaded):

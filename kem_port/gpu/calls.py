@@ -61,6 +61,7 @@ class KernelCall:
     workgroups: tuple[int, int, int] | None = None
     entry_point: str = "main"
     output_path: str | None = None  # result goes to this shared-memory file
+    debug: bool = False  # bind the debug channel (gpu/debug_run.py, docs/debug.md)
 
     @property
     def param_words(self) -> tuple[int, ...]:
@@ -83,6 +84,11 @@ class Job:
     fail: Callable[[KemError], None]
     enqueued: float = field(default_factory=time.perf_counter)
     answered: bool = False
+    tag: object = None  # the caller's id, for "where is this call?" (call_state.py)
+    deadline: float | None = None  # time.monotonic() past which nobody waits for it
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
 
     def answer(self, view: memoryview) -> None:
         """Hand the caller its result, unless it was already answered."""

@@ -5,7 +5,9 @@ or ``read_write``), writes its output at ``@binding(1)``
 (``var<storage, read_write>``) and, when called with params, reads them at
 ``@binding(2)`` (``var<uniform>``). A kernel that declares the call table
 at ``@binding(3)`` (``var<storage, read>``) opts in to many calls per
-dispatch (gpu/call_table.py, docs/dispatch.md). Nothing else is bound. The
+dispatch (gpu/call_table.py, docs/dispatch.md). A call made with
+``debug => true`` may also bind the debug channel at ``@binding(15)``
+(``var<storage, read_write>``, docs/debug.md). Nothing else is bound. The
 binding numbers appear in this file only.
 """
 
@@ -19,6 +21,7 @@ from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape
 
 GROUP = 0
 INPUT, OUTPUT, PARAMS, TABLE = 0, 1, 2, 3
+DEBUG = 15
 UNIFORM_ALIGN = 16  # WGSL's uniform size rounding
 MIN_UNIFORM_BYTES = 256
 
@@ -82,7 +85,9 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
     if not shape.bindings:
         return entry
     tabled = uses_call_table(shape)
+    check_debug(shape, call)
     allowed = (INPUT, OUTPUT, PARAMS, TABLE) if tabled else (INPUT, OUTPUT, PARAMS)
+    allowed += (DEBUG,) if call.debug else ()
     extra = [b for b in shape.bindings if b.group != GROUP or b.binding not in allowed]
     if extra:
         b = extra[0]
@@ -110,6 +115,27 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
     return entry
 
 
+def check_debug(shape: KernelShape, call: KernelCall) -> None:
+    """The debug channel: read_write storage, bound only in debug mode."""
+    debug = shape.binding(GROUP, DEBUG)
+    if debug is None:
+        return
+    if not call.debug:
+        raise KemError("bad_kernel", f"{debug.name} at @binding(15) is the debug channel: call with debug => true, or remove it (docs/debug.md)")
+    if debug.address_space != "storage" or debug.access != "read_write":
+        raise KemError("bad_kernel", "binding 15 must be the debug channel: var<storage, read_write> (docs/debug.md)")
+    if uses_call_table(shape):
+        raise bad_args("a kernel with a call table (@binding(3)) cannot use the debug channel")
+
+
+def declares_debug(shape: KernelShape) -> bool:
+    return shape.binding(GROUP, DEBUG) is not None
+
+
+def debug_entry(buffer: wgpu.GPUBuffer, size: int) -> dict:
+    return {"binding": DEBUG, "resource": {"buffer": buffer, "offset": 0, "size": size}}
+
+
 def layout_entries(shape: KernelShape, has_params: bool) -> list[dict]:
     """The bind group layout of a kernel: the input read-only unless the
     kernel declares it read_write."""
@@ -123,6 +149,8 @@ def layout_entries(shape: KernelShape, has_params: bool) -> list[dict]:
         entries.append({"binding": PARAMS, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "uniform"}})
     if uses_call_table(shape):
         entries.append({"binding": TABLE, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "read-only-storage"}})
+    if declares_debug(shape):  # check_debug let it through: a debug call
+        entries.append({"binding": DEBUG, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "storage"}})
     return entries
 
 

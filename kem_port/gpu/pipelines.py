@@ -37,6 +37,7 @@ class Pipeline:
     entry: EntryPoint | None
     serial: int  # never reused, unlike id(): keys the bind group cache
     tabled: bool = False  # declares the call table: its calls share dispatches
+    debugged: bool = False  # binds the debug channel (a debug call's kernel that declares it)
 
 
 def gpu_message(exc: BaseException) -> str:
@@ -45,8 +46,9 @@ def gpu_message(exc: BaseException) -> str:
     return text[:4000] if text else type(exc).__name__
 
 
-def _key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool]:
-    return (source.sha256, call.entry_point, call.params is not None)
+def _key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool, bool]:
+    # debug: a debug call's pipeline binds the debug channel (contract.DEBUG)
+    return (source.sha256, call.entry_point, call.params is not None, call.debug)
 
 
 class Pipelines:
@@ -92,7 +94,8 @@ class Pipelines:
         log.info("compiled %s:%s in %.1f ms", source.kernel_id, call.entry_point, elapsed * 1e3)
         self._serial += 1
         tabled = contract.uses_call_table(shape)
-        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled)
+        debugged = contract.declares_debug(shape)
+        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled, debugged)
         while len(self._cache) > PIPELINE_CACHE_SIZE:
             self._cache.popitem(last=False)
         return result

@@ -40,6 +40,7 @@ info(_Msg1, _Msg2, _Opts) ->
         <<"description">> => <<"Kernel execution machine: runs WGSL compute kernels on the node's GPU">>,
         <<"version">> => <<"1.0">>,
         <<"kem-version">> => kem_version:app_vsn(),
+        <<"health">> => kem_health:summary(),
         <<"paths">> => #{
             <<"info">> => <<"this description">>,
             <<"execute_kernel">> =>

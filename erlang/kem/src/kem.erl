@@ -9,7 +9,7 @@
 -module(kem).
 
 -export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
-         metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
+         health/0, metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
@@ -22,7 +22,8 @@
                   entry_point => binary() | atom(),
                   timeout => timeout(),
                   max_output_bytes => non_neg_integer(),
-                  usage => boolean()}.
+                  usage => boolean(),
+                  debug => boolean()}.
 %% What one call cost, for metering: `us' is GPU time where the port
 %% measured it (`clock => gpu'), else the caller's wall time (`clock => wall');
 %% `node' is the node whose GPU ran it (another one when forwarded, kem_cluster).
@@ -40,15 +41,18 @@
 %% `byte_size(Input) * output_size_hint' (hint default 1). `timeout' (ms,
 %% 1..3600000 or infinity) defaults to the app env `timeout';
 %% `max_output_bytes' refuses a larger output with `too_large' before
-%% anything runs; with `usage => true' a success is `{ok, Result, Usage}'.
-%% Any other option is refused with `bad_args'.
+%% anything runs; with `usage => true' a success is `{ok, Result, Usage}';
+%% with `debug => true' it is `{ok, Result, #{debug => #{records := [u32],
+%% dropped := N, capacity := C}}}', the records the kernel wrote to its
+%% debug channel (docs/debug.md). Any other option is refused with `bad_args'.
 -spec execute(term(), term(), term()) ->
-    {ok, binary()} | {ok, binary(), usage()} | {error, kem_port:reason()}.
+    {ok, binary()} | {ok, binary(), usage() | #{debug := map()}} | {error, kem_port:reason()}.
 execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
     case kem_args:execute_opts(Opts) of
         {ok, Timeout, Budget, WantUsage, PortOpts} ->
             T = case Timeout of default -> default_timeout(); _ -> Timeout end,
             case budgeted(execute, {KernelId, Input, PortOpts}, Budget, T) of
+                {{ok, {Result, Debug}}, _Usage} when is_map(Debug) -> {ok, Result, #{debug => Debug}};
                 {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
                 {Reply, _Usage} -> Reply
             end;
@@ -88,6 +92,9 @@ stats() ->
 config() ->
     call(config, {}, default_timeout()).
 
+%% @doc Liveness only: a port process answers. It says nothing about the
+%% adapter (`pong' even when every kernel call fails with `no_adapter');
+%% `health/0' does.
 -spec ping() -> {ok, pong} | {error, kem_port:reason()}.
 ping() ->
     call(ping, {}, default_timeout()).
@@ -96,6 +103,12 @@ ping() ->
 -spec metrics() -> binary().
 metrics() ->
     kem_metrics:text().
+
+%% @doc Whether each port can run kernels, on which adapter, CPU or GPU,
+%% and why not (kem_health).
+-spec health() -> {ok, #{atom() => kem_health:port_health()}} | {error, kem_port:reason()}.
+health() ->
+    kem_health:report().
 
 %% @doc Send Method/Args to the port `kem_place' picks, or, on a node
 %% without local GPUs (or with all its ports down), to another kem node.
@@ -241,10 +254,11 @@ quarantine_check(none) -> ok;
 quarantine_check(Kernel) -> kem_quarantine:check(Kernel).
 
 %% Only a kernel that outlived the full default timeout: a caller that asked
-%% for less cannot get a kernel refused for everyone.
+%% for less cannot get a kernel refused for everyone. Nor one whose call
+%% only waited, for a fetch or in the queue (kem_timeout).
 quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
         when Kernel =/= none, is_integer(Timeout) ->
-    case Timeout >= default_timeout() of
+    case Timeout >= default_timeout() andalso kem_timeout:kernel_was_stuck(Result) of
         true -> ok = kem_quarantine:add(Kernel);
         false -> ok
     end,

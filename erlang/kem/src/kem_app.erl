@@ -1,16 +1,22 @@
-%%% @doc The kem application: finds the Python half (kem_python), then
-%%% starts the supervisor of the Python ports. Without an interpreter that
-%%% has kem_port the app does not start, and says why in one error.
+%%% @doc The kem application: checks the log level (kem_log), finds the
+%%% Python half (kem_python), then starts the supervisor of the Python
+%%% ports. Without an interpreter that has kem_port, or with an invalid
+%%% `log' level, the app does not start, and says why in one error.
 -module(kem_app).
 -behaviour(application).
 -export([start/2, prep_stop/1, stop/1]).
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
-    %% A front node without GPUs (kem_cluster) needs no Python.
-    case kem_cluster:local_gpus() of
-        true -> start_with_python();
-        false -> kem_sup:start_link()
+    case kem_log:setup() of
+        ok ->
+            %% A front node without GPUs (kem_cluster) needs no Python.
+            case kem_cluster:local_gpus() of
+                true -> start_with_python();
+                false -> kem_sup:start_link()
+            end;
+        {error, _} = Error ->
+            Error
     end.
 
 start_with_python() ->
@@ -29,4 +35,4 @@ prep_stop(State) ->
 
 -spec stop(term()) -> ok.
 stop(_State) ->
-    ok.
+    kem_log:teardown().

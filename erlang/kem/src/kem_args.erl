@@ -127,10 +127,12 @@ opt(workgroups, _) -> bad(<<"workgroups must be {X, Y, Z} of integers 1..2^32">>
 opt(entry_point, V) when is_atom(V) -> ok;
 opt(entry_point, V) when is_binary(V), byte_size(V) =< ?MAX_ENTRY_POINT -> ok;
 opt(entry_point, _) -> bad(<<"entry_point must be an atom or a binary of at most 128 bytes">>);
+opt(debug, V) when is_boolean(V) -> ok;  % the debug channel (docs/debug.md)
+opt(debug, _) -> bad(<<"debug must be true or false">>);
 opt(timeout, _) -> bad(<<"timeout is an option of kem:execute/3, not of a port call">>);
 opt(Key, _) when is_atom(Key) ->
     bad(<<"unknown option ", (atom_to_binary(Key, utf8))/binary,
-          "; known: output_size_hint, output_size, params, workgroups, entry_point, timeout, max_output_bytes, usage">>);
+          "; known: output_size_hint, output_size, params, workgroups, entry_point, timeout, max_output_bytes, usage, debug">>);
 opt(_, _) -> bad(<<"option keys are atoms">>).
 
 hint(V) when is_integer(V), V >= 1, V =< ?MAX_SIZE -> ok;

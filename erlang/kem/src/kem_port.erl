@@ -9,9 +9,14 @@
 %%% Failure handling, in one place:
 %%% - the port exits: every waiting caller gets `{error, {port_exited, S}}'
 %%%   at once and the server stops, so the supervisor starts a new port;
-%%% - a call outlives its timeout: the caller gets `{error, {timeout, _}}';
-%%%   with `kill_on_timeout' (default) the port is killed too, since a
-%%%   kernel still running would stall every later call on it;
+%%% - a call outlives its timeout: the caller gets `{error, {timeout, _}}'
+%%%   saying what the call was waiting for. The port itself answers calls
+%%%   whose deadline (sent with each call) passes while they wait for a
+%%%   kernel fetch or in its queue. When the owner's timer fires first it
+%%%   asks the port where the call is (`call_state'): only when the GPU
+%%%   thread is inside that very call, or the port does not answer within
+%%%   `probe_timeout' ms, is the port killed (with `kill_on_timeout', the
+%%%   default), since a kernel still running would stall every later call;
 %%% - the node dies: the port's stdin closes and Python exits on EOF.
 %%%
 %%% A restarting owner takes a warm spare's open port (`kem_spare') instead
@@ -24,6 +29,7 @@
 -export([start_link/2, start_link/3, start_link/4, start_module/1, start_script/1, call/4, os_pid/1, python_executable/0]).
 -export([open_port_process/2, close_port/3]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2, format_status/1]).
+-export([maybe_kill/2]).
 
 -define(MARGIN_MS, 2000).
 %% What a timer and a receive accept (2^32 - 1 ms), margin included: a
@@ -232,7 +238,7 @@ restarting(Index, Flag) ->
     end.
 
 new_state(Name, Index, Port, OsPid, Next) ->
-    #{name => Name, index => Index, port => Port, next => Next, pending => #{}, os_pid => OsPid,
+    #{name => Name, index => Index, port => Port, next => Next, pending => #{}, probes => #{}, os_pid => OsPid,
       seen => maps:from_list([{S, true} || S <- kem_spare:shapes()]), warm_limit => kem_warm:limit()}.
 
 %% @doc Open a Python `kem_port' process with the node's shared-memory
@@ -248,7 +254,7 @@ open_port_process(ShmDir, Env) ->
 handle_call({call, Method, Args, Timeout}, From, State)
         when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     #{port := Port, next := Id, pending := Pending} = State,
-    try port_command(Port, term_to_binary({call, Id, Method, Args})) of
+    try port_command(Port, term_to_binary(request(Id, Method, Args, Timeout))) of
         true ->
             TRef = case Timeout of
                 infinity -> undefined;
@@ -278,18 +284,18 @@ handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
             %% Our own port wrote something that is not a term: the stream is
             %% out of sync and no later reply can be trusted.
             stop_port_exited(corrupt_frame, State);
+        {reply, Id, Result} when is_map_key(Id, map_get(probes, State)) ->
+            kem_timeout:probe_answered(Id, Result, State);
         Reply ->
             {noreply, handle_reply(Reply, State)}
     end;
 handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
-    case maps:take(Id, Pending) of
-        {{From, _TRef, Method, _Shape}, Rest} ->
-            Detail = iolist_to_binary(io_lib:format("~p did not finish in time", [Method])),
-            gen_server:reply(From, {error, {timeout, Detail}}),
-            maybe_kill(State#{pending := Rest}, Id);
-        error ->
-            {noreply, State}
+    case maps:find(Id, Pending) of
+        {ok, _} -> kem_timeout:call_timed_out(Id, State);
+        error -> {noreply, State}
     end;
+handle_info({probe_timeout, ProbeId}, State) ->
+    kem_timeout:probe_unanswered(ProbeId, State);
 handle_info({Port, {exit_status, Status}}, State = #{port := Port}) ->
     stop_port_exited(Status, State);
 handle_info({'EXIT', Port, Reason}, State = #{port := Port}) ->
@@ -360,8 +366,8 @@ handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
             %% (a frame the port could not read): nobody is waiting for it.
             State
     end;
-handle_reply(Other, State) ->
-    logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
+handle_reply(Other, State = #{name := Name}) ->
+    kem_log:frame(Name, Other) orelse logger:warning("kem_port: unexpected frame ~P", [Other, 10]),
     State.
 
 %% A kernel shape this port served well goes on the group's warm list.
@@ -377,6 +383,13 @@ decode(Frame) ->
     catch error:badarg -> {bad_frame, Frame}
     end.
 
+%% The call's timeout travels with it: the port answers `timeout' itself
+%% when it passes while the call is queued or fetching (docs/protocol.md).
+request(Id, Method, Args, infinity) -> {call, Id, Method, Args};
+request(Id, Method, Args, Timeout) -> {call, Id, Method, Args, max(1, Timeout)}.
+
+%% @private Called by kem_timeout once it knows the GPU is stuck in call Id.
+-spec maybe_kill(map(), integer()) -> {noreply, map()} | {stop, term(), map()}.
 maybe_kill(State, Id) ->
     case application:get_env(kem, kill_on_timeout, true) of
         true ->
@@ -446,17 +459,22 @@ open(Python, Command, ShmDir, Env) ->
 
 %% Fail fast, as erlexec does: the port must answer a ping (Python opens the
 %% GPU device before reading its first frame), then say which package and
-%% protocol it is, or init fails with why.
-handshake(State = #{port := Port}) ->
+%% protocol it is, or init fails with why. Log frames may come first
+%% (kem_log); `{fatal, {Reason, Detail}}' is the port refusing to start (an
+%% invalid setting): init fails with `{Reason, Detail}'.
+handshake(State) ->
     Timeout = application:get_env(kem, start_timeout, 60000),
-    case ask(Port, ping, Timeout) of
+    case ask(State, ping, Timeout) of
         {ok, pong} ->
-            case kem_version:check(ask(Port, version, Timeout)) of
+            case kem_version:check(ask(State, version, Timeout)) of
                 ok -> {ok, State};
                 {error, Reason} -> close(State), {stop, Reason}
             end;
         {exit_status, Status} ->
             {stop, {port_exited_at_start, Status}};
+        {fatal, {Reason, Detail}} ->
+            close(State),
+            {stop, {Reason, Detail}};
         timeout ->
             close(State),
             {stop, {port_start_timeout, Timeout}};
@@ -466,17 +484,25 @@ handshake(State = #{port := Port}) ->
     end.
 
 %% One request before any caller's: ReqId 0, answered in order.
-ask(Port, Method, Timeout) ->
+ask(State = #{port := Port}, Method, Timeout) ->
     true = port_command(Port, term_to_binary({call, 0, Method, {}})),
+    await_answer(State, erlang:monotonic_time(millisecond) + Timeout).
+
+await_answer(State = #{port := Port, name := Name}, Deadline) ->
     receive
         {Port, {data, Frame}} ->
             case decode(Frame) of
                 {reply, 0, Result} -> Result;
-                Other -> Other
+                {fatal, _} = Fatal -> Fatal;
+                Other ->
+                    case kem_log:frame(Name, Other) of
+                        true -> await_answer(State, Deadline);
+                        false -> Other
+                    end
             end;
         {Port, {exit_status, Status}} ->
             {exit_status, Status}
-    after Timeout ->
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         timeout
     end.
 
@@ -485,19 +511,31 @@ ask(Port, Method, Timeout) ->
 warm_then_up(State = #{port := Port, next := Id, name := Name}) ->
     Timeout = application:get_env(kem, start_timeout, 60000),
     true = port_command(Port, term_to_binary({call, Id, warm, {kem_spare:shapes()}})),
+    case await_warm(Port, Id, Name, Timeout) of
+        ok ->
+            kem_spare:up(Name),
+            restarting(maps:get(index, State), false),
+            {ok, State#{next := Id + 1}};
+        {stop, Reason} ->
+            close(State),
+            {stop, Reason}
+    end.
+
+%% The warm reply; the port's log frames that come before it go to logger.
+await_warm(Port, Id, Name, Timeout) ->
     receive
         {Port, {data, Frame}} ->
             case decode(Frame) of
                 {reply, Id, {ok, _Counts}} -> ok;
-                Other -> logger:warning("kem_port ~p: warm failed: ~0P", [Name, Other, 8])
-            end,
-            kem_spare:up(Name),
-            restarting(maps:get(index, State), false),
-            {ok, State#{next := Id + 1}};
+                Other ->
+                    case kem_log:frame(Name, Other) of
+                        true -> await_warm(Port, Id, Name, Timeout);
+                        false -> logger:warning("kem_port ~p: warm failed: ~0P", [Name, Other, 8]), ok
+                    end
+            end;
         {Port, {exit_status, Status}} ->
             {stop, {port_exited_at_start, Status}}
     after Timeout ->
-        close(State),
         {stop, {port_start_timeout, Timeout}}
     end.
 

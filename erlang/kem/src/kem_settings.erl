@@ -9,7 +9,7 @@
 %% @doc App env keys read by the Erlang side, never passed to the port.
 -spec erlang_only() -> [atom()].
 erlang_only() ->
-    [python, python_source, venv, ports, timeout, start_timeout, kill_on_timeout,
+    [python, python_source, venv, ports, timeout, start_timeout, kill_on_timeout, probe_timeout,
      shm_threshold, shm_root, request_max_output_bytes, quarantine_ms, port_env,
      local_gpus, cluster_nodes, adapters, exclude, weights, spares, warm_kernels, restart_wait].
 

@@ -250,7 +250,9 @@ on_reply({reply, Id, Result}, Spare = #{stage := warming, warm_id := Id}, State)
         Error -> logger:warning("kem_spare: warm failed: ~0P", [Error, 8])
     end,
     serve_takers(store(Spare#{stage := ready}, State));
-on_reply(_Other, _Spare, State) ->
+on_reply(Other, _Spare, State) ->
+    %% A log frame of the spare's Python goes to logger like a port's.
+    _ = kem_log:frame(kem_spare, Other),
     State.
 
 %% Send the spare a warm call; it is `warming' until the last one answers.

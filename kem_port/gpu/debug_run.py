@@ -1,0 +1,66 @@
+"""One call in debug mode: the kernel's debug channel bound and read back.
+
+A kernel may declare ``@group(0) @binding(15) var<storage, read_write>
+kem_debug: KemDebug`` (``struct KemDebug { count: atomic<u32>, records:
+array<u32> }``) and append u32 records to it (docs/debug.md). In debug mode
+(``debug => true``) kem binds a buffer of ``RECORDS`` records, zeroed, runs
+the call alone, outside the batches (debug calls are rare and must not
+change the hot path), and returns the records kept and how many did not
+fit beside the result.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import wgpu
+
+from kem_port.gpu import contract
+from kem_port.gpu.calls import Job
+from kem_port.gpu.dispatch import plan_dispatch
+from kem_port.gpu.executor import Executor
+
+RECORDS = 4096  # u32 records kept per call (16 KiB); the rest are counted as dropped
+DEBUG_BYTES = 4 * (1 + RECORDS)  # the count, then the records
+
+
+def _padded(data: bytes, size: int) -> bytes:
+    return bytes(data) + bytes(size - len(data))
+
+
+def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
+    """Run job's call with the debug channel; return (output, debug) where
+    debug is ``{"records": [u32...], "dropped": n, "capacity": RECORDS}``."""
+    call, gpu = job.call, executor.gpu
+    device = gpu.require()
+    contract.check_sizes(call, gpu.binding_limit, gpu.uniform_limit)
+    pipeline = executor.pipelines.get(device, job.source, call)
+    groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits)
+    usage = wgpu.BufferUsage
+    in_size, out_size = contract.input_binding_size(call), max(contract.output_binding_size(call), 4)
+    inputs = device.create_buffer_with_data(data=_padded(bytes(call.input), in_size), usage=usage.STORAGE)
+    outputs = device.create_buffer(size=out_size, usage=usage.STORAGE | usage.COPY_SRC)
+    params = None
+    if call.params is not None:
+        size = contract.params_binding_size(call)
+        params = (device.create_buffer_with_data(data=_padded(call.params, size), usage=usage.UNIFORM), 0, size)
+    debug = device.create_buffer_with_data(data=bytes(DEBUG_BYTES), usage=usage.STORAGE | usage.COPY_SRC)
+    entries = contract.group_entries((inputs, 0, in_size), (outputs, 0, out_size), params)
+    if pipeline.debugged:  # a kernel without the channel runs as usual, with no records
+        entries.append(contract.debug_entry(debug, DEBUG_BYTES))
+    group = device.create_bind_group(layout=pipeline.layout, entries=entries)
+    encoder = device.create_command_encoder()
+    compute = encoder.begin_compute_pass()
+    compute.set_pipeline(pipeline.pipeline)
+    compute.set_bind_group(0, group)
+    compute.dispatch_workgroups(*groups)
+    compute.end()
+    device.queue.submit([encoder.finish()])
+    result = bytes(device.queue.read_buffer(outputs)[: call.output_size])
+    return result, decode_records(bytes(device.queue.read_buffer(debug)))
+
+
+def decode_records(raw: bytes) -> dict:
+    (count,) = struct.unpack_from("<I", raw)
+    kept = min(count, RECORDS)
+    return {"records": list(struct.unpack_from(f"<{kept}I", raw, 4)), "dropped": count - kept, "capacity": RECORDS}

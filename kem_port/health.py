@@ -1,0 +1,65 @@
+"""Is this port able to run kernels, on what, and if not, why?
+
+``ping`` says only that the port process answers; ``health`` says whether
+its adapter is usable, which one, CPU or GPU, and the reason when there is
+none or when the port fell back to a CPU implementation (Mesa's lavapipe):
+a CPU adapter runs every kernel, far slower, so it is a warning, not a
+silent choice. kem_health.erl gathers this from every port.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kem_port.config import Config
+from kem_port.gpu.executor import Executor
+
+log = logging.getLogger("kem_port.health")
+
+
+def kind_of(info: dict) -> str:
+    """``cpu`` for a CPU implementation, ``gpu`` for any other adapter type."""
+    return "cpu" if str(info.get("adapter_type", "")).upper() == "CPU" else "gpu"
+
+
+def fallback_reason(info: dict, config: Config) -> str | None:
+    """Why the port runs on a CPU adapter; None on a GPU."""
+    if kind_of(info) != "cpu":
+        return None
+    name = info.get("name") or "a CPU adapter"
+    if config.adapter:
+        return f"KEM_ADAPTER={config.adapter!r} chose {name}, a CPU implementation"
+    return f"wgpu found no GPU adapter; {name} runs kernels on the CPU, far slower"
+
+
+class Health:
+    def __init__(self, executor: Executor, config: Config) -> None:
+        self.executor = executor
+        self.config = config
+        self.open_error: str | None = None
+
+    def opened(self, error: BaseException | None) -> None:
+        """Record how opening the device went and say so at the right level."""
+        if error is not None:
+            self.open_error = " ".join(str(error).split())  # wgpu's are multi-line
+            log.error("no usable adapter: %s", self.open_error)
+            return
+        self.open_error = None
+        reason = fallback_reason(self.executor.info, self.config)
+        if reason is not None and not self.config.adapter:
+            log.warning("falling back to a CPU adapter: %s", reason)
+
+    def describe(self) -> dict[str, Any]:
+        info = self.executor.info
+        usable = bool(info) and self.executor.gpu.device is not None
+        if not usable:
+            reason = self.open_error or "the GPU device is not open"
+            return {"usable": False, "adapter": None, "kind": "none", "backend": None, "reason": reason}
+        return {
+            "usable": True,
+            "adapter": info.get("name", ""),
+            "kind": kind_of(info),
+            "backend": info.get("backend", ""),
+            "reason": fallback_reason(info, self.config),
+        }
