@@ -58,17 +58,9 @@ online_test_() ->
       {timeout, 60, fun request_output_budget/0},
       {timeout, 60, fun an_input_over_the_port_limit_is_refused_in_erlang/0}]}.
 
-start() ->
-    ok = application:load(kem),
-    ok = application:set_env(kem, request_max_output_bytes, 1000),
-    ok = application:set_env(kem, max_input_bytes, 8192),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+start() -> kem_test_app:start([{request_max_output_bytes, 1000}, {max_input_bytes, 8192}]).
 
-stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 bad_terms_cannot_crash_the_port_owner() ->
     [Port] = kem_sup:port_names(),
