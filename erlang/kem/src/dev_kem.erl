@@ -79,11 +79,13 @@ execute_chain(Msg1, Msg2, Opts) ->
            end,
     case dev_kem_chain:request(Body) of
         {ok, Steps, ChainOpts} ->
-            case kem:chain(Steps, ChainOpts) of
-                {ok, Result} ->
-                    {ok, #{<<"status">> => 200, <<"body">> => Result,
-                           <<"content-type">> => <<"application/octet-stream">>}};
-                {error, Reason} ->
+            case kem:request_chain_usage(Steps, ChainOpts) of
+                {{ok, Result}, Usage} ->
+                    kem_metering:report(Usage, Opts),
+                    {ok, maps:merge(usage_keys(Usage),
+                                    #{<<"status">> => 200, <<"body">> => Result,
+                                      <<"content-type">> => <<"application/octet-stream">>})};
+                {{error, Reason}, _Usage} ->
                     event(kem, {failed, execute_chain, Reason}),
                     failure(<<"Failed to execute chain">>, dev_kem_chain:flat_reason(Reason))
             end;
