@@ -79,9 +79,12 @@ def decode_request(frame: bytes) -> Any:
         check_frame(frame)
         return _library_decode(frame)
     except KemError as exc:
-        # An argument out of range in a well-formed call is answered to its
-        # caller; a malformed frame names no caller.
-        raise FrameError(exc, peek_req_id(frame) if exc.reason == "too_large" else None) from None
+        # Refused, and answered to its caller when the frame starts with a
+        # call head: kem_port.erl writes {call, ReqId, Method, _} itself, so
+        # only the arguments (anything a kem_port:call/4 caller passed: a
+        # pid, a fun, a huge integer) can be what was refused. A frame with
+        # no such head names no caller.
+        raise FrameError(exc, peek_req_id(frame)) from None
 
 
 def decode(frame: bytes) -> Any:
