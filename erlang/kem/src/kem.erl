@@ -161,7 +161,7 @@ chain(Steps, Opts) ->
 request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
     Budget = request_budget(),
     Sizes = [byte_size(I) || I <- [maps:get(input, Opts, <<>>)], is_binary(I)]
-        ++ [maps:get(output_size, S, 0) || S <- Steps, is_map(S)],
+        ++ [maps:get(output_size, S, 0) || S <- proper(Steps), is_map(S)],
     case [Size || Size <- Sizes, is_integer(Size), Size > Budget] of
         [] -> chain_checked(Steps, maps:without([session], Opts));
         [Size | _] -> {{error, {too_large, over_budget(Size, Budget)}}, no_usage()}
@@ -266,7 +266,7 @@ chain_checked(Steps, Opts) ->
     Checks = [fun() -> opt_timeout(Opts) end,
               fun() -> case is_map(Opts) of true -> kem_args:payload(maps:get(input, Opts, <<>>)); false -> ok end end
               | [fun() -> quarantine_check(kernel_id(maps:get(kernel, Step, none))) end
-                 || is_list(Steps), Step <- Steps, is_map(Step)]],
+                 || Step <- proper(Steps), is_map(Step)]],
     case guarded(Checks, fun() -> ok end) of
         ok ->
             Input = case is_map(Opts) of true -> maps:get(input, Opts, <<>>); false -> <<>> end,
@@ -276,10 +276,14 @@ chain_checked(Steps, Opts) ->
     end.
 
 %% What ran, for usage records: the steps' kernel ids, comma-separated.
-chain_kernels(Steps) when is_list(Steps) ->
-    iolist_to_binary(lists:join(<<",">>, [K || #{kernel := K} <- Steps, is_binary(K)]));
-chain_kernels(_) ->
-    undefined.
+chain_kernels(Steps) ->
+    iolist_to_binary(lists:join(<<",">>, [K || #{kernel := K} <- proper(Steps), is_binary(K)])).
+
+%% The elements of a proper list, else none (kem_session refuses the rest).
+proper(List) ->
+    try length(List) of _ -> List
+    catch error:badarg -> []
+    end.
 
 %% Run a session call or a chain that has passed its checks, count it in
 %% kem_metrics (by method) as checked_call/3 counts a call, and say what it

@@ -87,7 +87,8 @@ bad_terms_cannot_crash_the_port_owner() ->
 random_terms_never_raise_online() ->
     Results = [check_never_raises(fun no_short_timeouts/1) || _ <- lists:seq(1, 1000)],
     Reasons = lists:foldl(fun(R, Acc) -> maps:update_with(R, fun(N) -> N + 1 end, 1, Acc) end, #{},
-                          [case R of {ok, _} -> ok; {error, {Why, _}} -> Why end || R <- Results]),
+                          [case R of {ok, _} -> ok; {error, {Why, _}} -> Why; {{ok, _}, _} -> ok; {{error, {Why, _}}, _} -> Why end
+                           || R <- Results]),
     io:format(user, "~nrandom terms through the real port: ~p~n", [Reasons]),
     %% Some reached the port and were answered by it.
     ?assert(maps:size(maps:without([bad_args, too_large], Reasons)) > 0),
@@ -259,16 +260,29 @@ check_never_raises(Adjust) ->
     ?assert(well_formed(Result)),
     Result.
 
+well_formed({{ok, _}, #{}}) -> true;  % request_chain_usage
+well_formed({{error, {Reason, _}}, #{}}) when is_atom(Reason) -> true;
 well_formed({ok, _}) -> true;
 well_formed({error, {Reason, _}}) when is_atom(Reason) -> true;
 well_formed(_) -> false.
 
 random_call() ->
-    case rand:uniform(3) of
+    case rand:uniform(5) of
         1 -> {execute, [kernel_id(), input(), opts()]};
         2 -> {call, [method(), call_args(), any_term(2)]};
-        3 -> {request, [method(), call_args()]}
+        3 -> {request, [method(), call_args()]};
+        4 -> {chain, [steps(), chain_opts()]};
+        5 -> {request_chain_usage, [steps(), chain_opts()]}
     end.
+
+steps() ->
+    Step = fun() -> pick([#{kernel => kernel_id()}, #{kernel => kernel_id(), output_size => small_int()}, any_term(1)]) end,
+    pick([[Step()], [Step(), Step()], [Step() | any_term(0)], [], any_term(2)]).
+
+%% Timeouts long or invalid: a valid short one would only restart the port.
+chain_opts() ->
+    pick([#{}, #{input => input()}, #{input => input(), timeout => pick([5000, foo, -1, 1.5])},
+          #{session => any_term(1)}, any_term(2)]).
 
 kernel_id() -> pick([?DOUBLE, ?DOUBLE, ?DOUBLE, <<"nope">>, <<"../x">>, <<>>, any_term(2)]).
 input() -> pick([crypto:strong_rand_bytes(rand:uniform(64)), crypto:strong_rand_bytes(rand:uniform(64)), <<>>, any_term(2)]).
