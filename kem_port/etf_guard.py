@@ -38,7 +38,17 @@ _NAMES = {80: "compressed term", 88: "pid", 103: "pid", 90: "reference", 114: "r
 
 
 def bad_frame(detail: str) -> KemError:
+    """A whole term kem refuses (a pid, a fun, a list too long): it may sit
+    in the arguments of a well-formed call, so its caller is answered."""
     return KemError("bad_frame", detail)
+
+
+class Malformed(KemError):
+    """Bytes that are not one whole term: such a frame names no caller."""
+
+
+def malformed(detail: str) -> KemError:
+    return Malformed("bad_frame", detail)
 
 
 _CALL_HEAD = (bytes([VERSION, 104, 4, 119, 4]) + b"call", bytes([VERSION, 104, 4, 100, 0, 4]) + b"call",
@@ -90,14 +100,14 @@ class _Reader:
     def uint(self, width: int) -> int:
         end = self.pos + width
         if end > len(self.frame):
-            raise bad_frame("term ends early")
+            raise malformed("term ends early")
         value = int.from_bytes(self.frame[self.pos : end], "big")
         self.pos = end
         return value
 
     def skip(self, count: int) -> None:
         if self.pos + count > len(self.frame):
-            raise bad_frame("term ends early")
+            raise malformed("term ends early")
         self.pos += count
 
 
@@ -109,7 +119,7 @@ def check_frame(frame: bytes) -> None:
     (timeit on the dev machine under load)."""
     end = len(frame)
     if end < 2 or frame[0] != VERSION:
-        raise bad_frame("not an external term (version byte)")
+        raise malformed("not an external term (version byte)")
     pos = 1
     # pending[i]: how many terms the open container at depth i still holds.
     pending = [1]
@@ -125,15 +135,15 @@ def check_frame(frame: bytes) -> None:
                 raise bad_frame(f"the request holds more than {MAX_NODES} terms")
             pos, children = _term(frame, pos)
             if pos > end:
-                raise bad_frame("term ends early")
+                raise malformed("term ends early")
             if children:
                 if len(pending) >= MAX_DEPTH:
                     raise bad_frame(f"the request nests deeper than {MAX_DEPTH}")
                 pending.append(children)
     except IndexError:
-        raise bad_frame("term ends early") from None
+        raise malformed("term ends early") from None
     if pos != end:
-        raise bad_frame("bytes after the term")
+        raise malformed("bytes after the term")
 
 
 def _uint(frame: bytes, pos: int, width: int) -> int:

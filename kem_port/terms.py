@@ -24,7 +24,7 @@ from typing import Any
 import erlang
 
 from kem_port.errors import KemError
-from kem_port.etf_guard import FrameError, check_frame, peek_req_id
+from kem_port.etf_guard import FrameError, Malformed, check_frame, peek_req_id
 from kem_port.request_fast import decode_hot
 
 # erlang-py consults this module constant when it meets a compressed term;
@@ -79,9 +79,12 @@ def decode_request(frame: bytes) -> Any:
         check_frame(frame)
         return _library_decode(frame)
     except KemError as exc:
-        # An argument out of range in a well-formed call is answered to its
-        # caller; a malformed frame names no caller.
-        raise FrameError(exc, peek_req_id(frame) if exc.reason == "too_large" else None) from None
+        # A whole term refused inside a call is answered to its caller when
+        # the frame starts with a call head: kem_port.erl writes {call,
+        # ReqId, Method, _} itself, so the refused term is in the arguments
+        # (anything a kem_port:call/4 caller passed: a pid, a fun, a huge
+        # integer). Bytes that are not one whole term name no caller.
+        raise FrameError(exc, None if isinstance(exc, Malformed) else peek_req_id(frame)) from None
 
 
 def decode(frame: bytes) -> Any:
@@ -98,9 +101,9 @@ def _library_decode(frame: bytes) -> Any:
     try:
         return erlang.binary_to_term(frame)
     except RecursionError:
-        raise KemError("bad_frame", "term nested too deeply") from None
+        raise Malformed("bad_frame", "term nested too deeply") from None
     except (erlang.ParseException, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise KemError("bad_frame", f"not a valid external term: {exc}") from None
+        raise Malformed("bad_frame", f"not a valid external term: {exc}") from None
 
 
 def to_term(value: Any) -> Any:

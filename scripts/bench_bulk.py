@@ -33,17 +33,11 @@ import wgpu
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kem_port.framing import read_into, write_all  # noqa: E402
 from kem_port.gpu import native as native_path  # noqa: E402
+from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 
 U = wgpu.BufferUsage
-KERNEL = """
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = gid.x + gid.y * groups.x * 256u;
-    if (i < arrayLength(&output_words)) { output_words[i] = input_words[i] * 2u; }
-}
-"""
+# The packaged double kernel (what users run).
+KERNEL = (PACKAGED_KERNELS / "double.wgsl").read_text()
 
 
 class Rig:

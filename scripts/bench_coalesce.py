@@ -24,42 +24,15 @@ import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kem_port.gpu import call_table, native as native_path  # noqa: E402
+from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 
 U = wgpu.BufferUsage
 ALIGN = 256
-PLAIN = """
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < arrayLength(&output_words)) { output_words[gid.x] = input_words[gid.x] * 2u + 1u; }
-}
-"""
-TABLED = """
-struct KemCall { input_offset: u32, input_words: u32, output_offset: u32, output_words: u32 }
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@group(0) @binding(3) var<storage, read> kem_calls: array<KemCall>;
-
-fn kem_call_of(item: u32) -> KemCall {
-    var lo = 0u;
-    var hi = arrayLength(&kem_calls) - 1u;
-    while (lo < hi) {
-        let mid = (lo + hi + 1u) / 2u;
-        if (kem_calls[mid].output_offset <= item) { lo = mid; } else { hi = mid - 1u; }
-    }
-    return kem_calls[lo];
-}
-
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let item = gid.x + gid.y * groups.x * 64u;
-    if (item >= arrayLength(&output_words)) { return; }
-    let call = kem_call_of(item);
-    let k = item - call.output_offset;
-    output_words[item] = input_words[call.input_offset + k] * 2u + 1u;
-}
-"""
+# The packaged kernels (what users run): double, and double written for the
+# call table. Both use 256-invocation workgroups.
+PLAIN = (PACKAGED_KERNELS / "double.wgsl").read_text()
+TABLED = (PACKAGED_KERNELS / "double_table.wgsl").read_text()
+WORKGROUP = 256
 
 
 def pipeline(device, code):
@@ -87,7 +60,7 @@ def per_call(device, native, batch, pipe, groups, payloads, spin_s):
     enc.clear_buffer(batch.output, 0, batch.total)
     enc.begin_pass()
     enc.set_pipeline(pipe)
-    wg = -(-batch.words // 64)
+    wg = -(-batch.words // WORKGROUP)
     for group in groups:
         enc.set_bind_group(group)
         enc.dispatch(wg)
@@ -124,7 +97,7 @@ def tabled(device, native, batch, pipe, layout, table_buf, payloads, spin_s, max
             {"binding": 3, "resource": {"buffer": table_buf, "offset": 0, "size": len(table.rows)}},
         ])
     enc.set_bind_group(group)
-    enc.dispatch(*call_table.workgroups(table.items, 64, max_groups))
+    enc.dispatch(*call_table.workgroups(table.items, WORKGROUP, max_groups))
     enc.end_pass()
     enc.copy(batch.output, 0, batch.staging, 0, table.output_bytes)
     index = native.submit(enc.finish())
@@ -170,7 +143,7 @@ def main() -> None:
         inputs = []
         for _ in range(4):
             values = rng.integers(0, 2**30, size=(calls, words), dtype=np.uint32)
-            inputs.append(([v.tobytes() for v in values], [(v * 2 + 1).tobytes() for v in values]))
+            inputs.append(([v.tobytes() for v in values], [(v * 2).tobytes() for v in values]))
         times = {"per-call dispatch": [], "call table": []}
         dispatch_count = {}
         for n in range(args.iterations + 5):

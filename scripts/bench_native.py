@@ -27,15 +27,11 @@ import wgpu
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kem_port.gpu import native as native_path, wgpu_private  # noqa: E402
 from kem_port.gpu.wait import wait_for_map  # noqa: E402
+from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 
-KERNEL = """
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    if (gid.x < arrayLength(&output_words)) { output_words[gid.x] = input_words[gid.x] * 2u + 1u; }
-}
-"""
+# The packaged double kernel (what users run), 256-invocation workgroups.
+KERNEL = (PACKAGED_KERNELS / "double.wgsl").read_text()
+WORKGROUP = 256
 ALIGN = 256
 STAGES = ("upload", "encode", "submit", "wait", "read", "total")
 U = wgpu.BufferUsage
@@ -64,14 +60,14 @@ class Rig:
             ])
             for i in range(calls)
         ]
-        self.workgroups = -(-words // 64)
+        self.workgroups = -(-words // WORKGROUP)
 
     def fresh_input(self, rng: np.random.Generator) -> tuple[bytearray, np.ndarray]:
         values = rng.integers(0, 2**30, size=(self.calls, self.words), dtype=np.uint32)
         packed = bytearray(self.total)
         for i in range(self.calls):
             packed[i * self.stride : i * self.stride + self.words * 4] = values[i].tobytes()
-        return packed, values * 2 + 1
+        return packed, values * 2
 
     def check(self, view: memoryview, expected: np.ndarray) -> None:
         for i in range(self.calls):

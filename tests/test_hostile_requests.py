@@ -149,3 +149,23 @@ def test_an_oversized_frame_is_answered_to_its_caller(rng):
         assert err.value.reason == "too_large"
         words = rng.integers(0, 2**32, 1024, dtype=np.uint32)
         assert port.call("execute_kernel", b"double", words.tobytes(), 1) == (words * np.uint32(2)).tobytes()
+
+
+def test_a_refused_term_in_a_call_is_answered_to_its_caller():
+    """kem_port.erl writes the head {call, ReqId, Method, _} itself; a caller
+    of kem_port:call/4 can put a pid, ref or fun in the arguments. Such a
+    frame is refused (bad_frame) to that caller, not left to its timeout
+    (which cost a restart of the port under its bystanders)."""
+    pid = erlang.OtpErlangPid(erlang.OtpErlangAtom(b"nonode@nohost"), b"\0\0\0\1", b"\0\0\0\0", b"\0")
+    frame = call_frame(9, "execute", pid, terms.Binary(b"ab"))
+    error = refusal(frame)
+    assert (error.reason, error.req_id) == ("bad_frame", 9)
+    assert refusal(b"\x83h\x02a\x01").req_id is None  # no call head: no caller to name
+    with start_port() as port:
+        port.call("ping")
+        started = time.perf_counter()
+        with pytest.raises(PortError) as err:
+            port.call_raw(lambda req_id: call_frame(req_id, "execute", pid, terms.Binary(b"ab")), timeout=30)
+        assert err.value.reason == "bad_frame"
+        assert time.perf_counter() - started < 10
+        assert port.call("ping") == terms.atom("pong")

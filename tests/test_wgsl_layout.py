@@ -90,3 +90,24 @@ def test_too_few_params_is_a_clear_error(port, rng):
     assert "16 bytes" in err.value.detail
     full = np.array([width, height, 1, 0], dtype="<u4").tobytes()
     assert port.call("execute_kernel_with_params", b"pixelize", image, full) == image
+
+
+def test_too_few_params_is_refused_on_every_call_not_only_the_first(rng):
+    """The check ran where the pipeline is compiled: once pixelize was
+    cached, short params ran on zeros. Calls and session calls, both orders."""
+    from conftest import start_port
+
+    width, height = 8, 6
+    image = rng.integers(0, 256, size=width * height * 4, dtype=np.uint8).tobytes()
+    full = np.array([width, height, 1, 0], dtype="<u4").tobytes()
+    short = full[:8]
+    with start_port() as port:
+        session = port.session_open()
+        for _ in range(2):  # the first round compiles, the second hits the caches
+            assert port.call("execute_kernel_with_params", b"pixelize", image, full) == image
+            assert session.call("pixelize", image, params=full) == image
+            for run in (lambda: port.call("execute_kernel_with_params", b"pixelize", image, short),
+                        lambda: session.call("pixelize", image, params=short)):
+                with pytest.raises(PortError) as err:
+                    run()
+                assert err.value.reason == "bad_args" and "16 bytes" in err.value.detail

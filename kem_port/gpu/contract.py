@@ -107,12 +107,20 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
         raise bad_args("params given, but the kernel declares no @binding(2) var<uniform>")
     if call.params is None and uniform is not None:
         raise bad_args("the kernel reads params (@binding(2)); call it with params")
-    if call.params is not None and uniform.min_size is not None and len(call.params) < uniform.min_size:
+    check_params_size(shape, call.params)
+    return entry
+
+
+def check_params_size(shape: KernelShape, params: bytes | None) -> None:
+    """Params must fill the kernel's uniform. Checked on every call, not
+    only where a pipeline is compiled: the caches key on whether there are
+    params, not on how many bytes."""
+    uniform = shape.binding(GROUP, PARAMS)
+    if params is not None and uniform is not None and uniform.min_size is not None and len(params) < uniform.min_size:
         raise bad_args(
-            f"params are {len(call.params)} bytes, but the kernel's uniform {uniform.name!r} "
+            f"params are {len(params)} bytes, but the kernel's uniform {uniform.name!r} "
             f"is {uniform.min_size} bytes: send every field (32-bit words, little-endian)"
         )
-    return entry
 
 
 def check_debug(shape: KernelShape, call: KernelCall) -> None:

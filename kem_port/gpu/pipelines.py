@@ -80,6 +80,8 @@ class Pipelines:
         key = _key(source, call)
         found = self._cache.get(key)
         if found is not None:
+            if call.params is not None:
+                contract.check_params_size(self._shape(source), call.params)
             self._cache.move_to_end(key)
             self.stats.inc("pipeline_hits")
             return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import wgpu
 
 from kem_port.errors import KemError
-from kem_port.gpu import session_contract
+from kem_port.gpu import contract, session_contract
 from kem_port.gpu.pipelines import gpu_message
 from kem_port.gpu.session_contract import SessionLayout
 from kem_port.gpu.wgpu_private import serial_of
@@ -55,6 +55,8 @@ class SessionPipelines:
         key = (source.sha256, entry_point, params is not None)
         found = self._cache.get(key)
         if found is not None:
+            if params is not None:
+                contract.check_params_size(self._shapes[source.sha256], params)
             self._cache.move_to_end(key)
             return found
         shape = self._shapes.get(source.sha256)

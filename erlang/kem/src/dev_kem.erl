@@ -80,11 +80,10 @@ execute_chain(Msg1, Msg2, Opts) ->
            end,
     case dev_kem_chain:request(Body) of
         {ok, Steps, ChainOpts} ->
-            case kem:chain(Steps, ChainOpts) of
-                {ok, Result} ->
-                    {ok, #{<<"status">> => 200, <<"body">> => Result,
-                           <<"content-type">> => <<"application/octet-stream">>}};
-                {error, Reason} ->
+            case kem:request_chain_usage(Steps, ChainOpts) of
+                {{ok, Result}, Usage} ->
+                    success(Result, Usage, Opts);
+                {{error, Reason}, _Usage} ->
                     event(kem, {failed, execute_chain, Reason}),
                     failure(<<"Failed to execute chain">>, dev_kem_chain:flat_reason(Reason))
             end;
@@ -104,10 +103,7 @@ handle(Key, Msg1, Msg2, Opts) ->
         {ok, Method, Args} ->
             case kem:request_usage(Method, Args) of
                 {{ok, Result}, Usage} ->
-                    kem_metering:report(Usage, Opts),
-                    {ok, maps:merge(usage_keys(Usage),
-                                    #{<<"status">> => 200, <<"body">> => Result,
-                                      <<"content-type">> => <<"application/octet-stream">>})};
+                    success(Result, Usage, Opts);
                 {{error, Reason}, _Usage} ->
                     event(kem, {failed, Key, Reason}),
                     failure(<<"Failed to execute kernel">>, Reason)
@@ -242,6 +238,13 @@ bad(Detail) -> bad(400, bad_request, Detail).
 bad(Status, Reason, Detail) -> throw({bad_request, Status, Reason, Detail}).
 
 %%% replies
+
+%% A 200 with the result bytes; the usage metered and as headers.
+success(Result, Usage, Opts) ->
+    kem_metering:report(Usage, Opts),
+    {ok, maps:merge(usage_keys(Usage),
+                    #{<<"status">> => 200, <<"body">> => Result,
+                      <<"content-type">> => <<"application/octet-stream">>})}.
 
 usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
     #{<<"kem-usage-kernel-id">> => K,

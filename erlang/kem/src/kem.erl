@@ -5,13 +5,15 @@
 %%% arguments (kem_args), refuses quarantined kernels (kem_quarantine),
 %%% picks a port (`kem_place': adapter groups, kernel affinity) or forwards
 %%% to another node (`kem_cluster', on a node without local GPUs), applies
-%%% the timeout and counts the call (kem_metrics).
+%%% the timeout and counts the call (kem_metrics). Session calls and chains go
+%%% to kem_session instead, through the same checks, quarantine and count
+%%% in their functions here.
 -module(kem).
 
 -export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
          health/0, metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
--export([session_open/1, session_close/1, session_call/4, chain/2, buffer_create/3, buffer_write/4,
+-export([session_open/1, session_close/1, session_call/4, chain/2, request_chain_usage/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
 
 -type kernel_id() :: binary().
@@ -137,19 +139,57 @@ default_timeout() ->
         _ -> 30000
     end.
 
-%% @doc Sessions and chains: kem_session has the full description.
+%% @doc Sessions and chains: kem_session has the full description. They
+%% reach a port without `call_usage/3', so the same guards are applied
+%% here: bytes over the port's input limit, a bad timeout and a
+%% quarantined kernel are refused before a frame is made; a session call
+%% that outlives the default timeout quarantines its kernel.
 -spec session_open(map()) -> {ok, kem_session:session()} | {error, kem_port:reason()}.
-session_open(Opts) -> kem_session:open(Opts).
+session_open(Opts) -> guarded([fun() -> opt_timeout(Opts) end], fun() -> kem_session:open(Opts) end).
 -spec session_close(kem_session:session()) -> ok | {error, kem_port:reason()}.
 session_close(Session) -> kem_session:close(Session).
 -spec session_call(kem_session:session(), kernel_id(), binary(), map()) -> {ok, binary()} | {error, kem_port:reason()}.
-session_call(Session, KernelId, Input, Opts) -> kem_session:call(Session, KernelId, Input, Opts).
+session_call(Session, KernelId, Input, Opts) ->
+    guarded([fun() -> opt_timeout(Opts) end, fun() -> kem_args:payload(Input) end,
+             fun() -> quarantine_check(kernel_id(KernelId)) end],
+            fun() ->
+                Timeout = case is_map(Opts) of true -> maps:get(timeout, Opts, default_timeout()); false -> none end,
+                Run = fun() -> kem_session:call(Session, KernelId, Input, Opts) end,
+                Reply = element(1, counted(session_call, usage_kernel(KernelId), Input, Run)),
+                quarantine_on_timeout(kernel_id(KernelId), Timeout, Reply)
+            end).
+%% A chain's steps share one timeout, so which step outlived it is unknown:
+%% a timed-out chain quarantines nothing (a stranger could otherwise get any
+%% kernel refused by chaining it with a slow one).
 -spec chain([kem_session:step()], map()) -> {ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}.
-chain(Steps, Opts) -> kem_session:chain(Steps, Opts).
+chain(Steps, Opts) ->
+    element(1, chain_checked(Steps, Opts)).
+
+%% @doc A stateless chain from outside the node (dev_kem's execute_chain),
+%% also returning what it cost: as `chain/2', with `request/2''s output
+%% budget on the chain's input (the default size of a step's output) and on
+%% every step's `output_size'.
+-spec request_chain_usage([kem_session:step()], map()) ->
+    {{ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}, usage()}.
+request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
+    Budget = request_budget(),
+    Sizes = [byte_size(I) || I <- [maps:get(input, Opts, <<>>)], is_binary(I)]
+        ++ [maps:get(output_size, S, 0) || S <- proper(Steps), is_map(S)],
+    case [Size || Size <- Sizes, is_integer(Size), Size > Budget] of
+        [] -> chain_checked(Steps, maps:without([session], Opts));
+        [Size | _] -> {{error, {too_large, over_budget(Size, Budget)}}, no_usage()}
+    end;
+request_chain_usage(_Steps, _Opts) ->
+    {{error, {bad_args, <<"request_chain_usage(Steps :: [map()], Opts :: map())">>}}, no_usage()}.
+
 -spec buffer_create(kem_session:session(), kem_session:name(), pos_integer() | binary()) -> ok | {error, kem_port:reason()}.
-buffer_create(Session, Name, SizeOrBytes) -> kem_session:buffer_create(Session, Name, SizeOrBytes).
+buffer_create(Session, Name, SizeOrBytes) ->
+    guarded([fun() -> kem_args:payload(SizeOrBytes) end],
+            fun() -> kem_session:buffer_create(Session, Name, SizeOrBytes) end).
 -spec buffer_write(kem_session:session(), kem_session:name(), non_neg_integer(), binary()) -> ok | {error, kem_port:reason()}.
-buffer_write(Session, Name, Offset, Bytes) -> kem_session:buffer_write(Session, Name, Offset, Bytes).
+buffer_write(Session, Name, Offset, Bytes) ->
+    guarded([fun() -> kem_args:payload(Bytes) end],
+            fun() -> kem_session:buffer_write(Session, Name, Offset, Bytes) end).
 -spec buffer_read(kem_session:session(), kem_session:name()) -> {ok, binary()} | {error, kem_port:reason()}.
 buffer_read(Session, Name) -> kem_session:buffer_read(Session, Name).
 -spec buffer_read(kem_session:session(), kem_session:name(), {non_neg_integer(), non_neg_integer()}) ->
@@ -234,6 +274,63 @@ port_call(Method, Args, Timeout) ->
         Refused ->
             Refused
     end.
+
+chain_checked(Steps, Opts) ->
+    Checks = [fun() -> opt_timeout(Opts) end,
+              fun() -> case is_map(Opts) of true -> kem_args:payload(maps:get(input, Opts, <<>>)); false -> ok end end
+              | [fun() -> quarantine_check(kernel_id(maps:get(kernel, Step, none))) end
+                 || Step <- proper(Steps), is_map(Step)]],
+    case guarded(Checks, fun() -> ok end) of
+        ok ->
+            Input = case is_map(Opts) of true -> maps:get(input, Opts, <<>>); false -> <<>> end,
+            counted(chain, chain_kernels(Steps), Input, fun() -> kem_session:chain(Steps, Opts) end);
+        Error ->
+            {Error, no_usage()}
+    end.
+
+%% What ran, for usage records: the steps' kernel ids, comma-separated.
+chain_kernels(Steps) ->
+    iolist_to_binary(lists:join(<<",">>, [K || #{kernel := K} <- proper(Steps), is_binary(K)])).
+
+%% The elements of a proper list, else none (kem_session refuses the rest).
+proper(List) ->
+    try length(List) of _ -> List
+    catch error:badarg -> []
+    end.
+
+%% Run a session call or a chain that has passed its checks, count it in
+%% kem_metrics (by method) as checked_call/3 counts a call, and say what it
+%% cost (on this node: sessions are not forwarded).
+counted(Method, KernelId, Input, Run) ->
+    Start = erlang:monotonic_time(microsecond),
+    Reply = Run(),
+    WallUs = erlang:monotonic_time(microsecond) - Start,
+    BytesIn = case is_binary(Input) of true -> byte_size(Input); false -> 0 end,
+    BytesOut = case Reply of
+                   {ok, Bin} when is_binary(Bin) -> byte_size(Bin);
+                   {ok, Named} when is_map(Named) -> lists:sum([byte_size(B) || B <- maps:values(Named), is_binary(B)]);
+                   _ -> 0
+               end,
+    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut, us => WallUs, clock => wall,
+              node => node()}}.
+
+%% Run Fun once every check is ok; else the first check's error.
+guarded([], Fun) -> Fun();
+guarded([Check | Rest], Fun) ->
+    case Check() of
+        ok -> guarded(Rest, Fun);
+        Error -> Error
+    end.
+
+opt_timeout(#{timeout := Timeout}) -> kem_args:timeout(Timeout);
+opt_timeout(_) -> ok.
+
+kernel_id(Id) when is_binary(Id) -> Id;
+kernel_id(_) -> none.
+
+usage_kernel(Id) when is_binary(Id) -> Id;
+usage_kernel(_) -> undefined.
 
 no_usage() ->
     #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall, node => node()}.

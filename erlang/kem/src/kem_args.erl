@@ -8,7 +8,7 @@
 %%% sent to the port's decoder); the port checks them against its limits.
 -module(kem_args).
 
--export([call/3, execute_opts/1, timeout/1, output_size/3]).
+-export([call/3, execute_opts/1, timeout/1, output_size/3, payload/1]).
 
 %% The longest timeout a call may ask for: longer ones are mistakes, and an
 %% unchecked one beyond 2^32 - 1 ms would crash the port owner's timer.
@@ -45,6 +45,18 @@ call(_Method, _Args, _Timeout) ->
 timeout(infinity) -> ok;
 timeout(T) when is_integer(T), T >= 1, T =< ?MAX_TIMEOUT_MS -> ok;
 timeout(_) -> bad(<<"timeout must be an integer of 1..3600000 ms or infinity">>).
+
+%% @doc Bytes a session or chain sends through the pipe (an input, a
+%% buffer's contents): at most the port's max_input_bytes, or the frame
+%% would be one the port can answer to no caller. Anything but a binary is
+%% left to the callee's own shape check.
+-spec payload(term()) -> ok | error().
+payload(Bytes) when is_binary(Bytes), byte_size(Bytes) > 0 ->
+    case byte_size(Bytes) =< limit(max_input_bytes, ?DEFAULT_MAX_INPUT) of
+        true -> ok;
+        false -> too_large(<<"the bytes are over the port's max_input_bytes">>)
+    end;
+payload(_) -> ok.
 
 %% @doc Split `kem:execute/3''s options into the timeout, the caller's
 %% output budget, whether usage is wanted and the options for the port,

@@ -56,19 +56,16 @@ online_test_() ->
      [{timeout, 60, fun bad_terms_cannot_crash_the_port_owner/0},
       {timeout, 120, fun random_terms_never_raise_online/0},
       {timeout, 60, fun request_output_budget/0},
-      {timeout, 60, fun an_input_over_the_port_limit_is_refused_in_erlang/0}]}.
+      {timeout, 60, fun an_input_over_the_port_limit_is_refused_in_erlang/0},
+      {timeout, 60, fun session_bytes_over_the_port_limit_are_refused_in_erlang/0},
+      {timeout, 60, fun a_quarantined_kernel_is_refused_in_sessions_and_chains/0},
+      {timeout, 60, fun a_chain_request_keeps_the_output_budget/0},
+      {timeout, 60, fun session_calls_and_chains_are_counted_and_metered/0},
+      {timeout, 60, fun a_session_call_that_times_out_quarantines_its_kernel/0}]}.
 
-start() ->
-    ok = application:load(kem),
-    ok = application:set_env(kem, request_max_output_bytes, 1000),
-    ok = application:set_env(kem, max_input_bytes, 8192),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+start() -> kem_test_app:start([{request_max_output_bytes, 1000}, {max_input_bytes, 8192}]).
 
-stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 bad_terms_cannot_crash_the_port_owner() ->
     [Port] = kem_sup:port_names(),
@@ -90,7 +87,8 @@ bad_terms_cannot_crash_the_port_owner() ->
 random_terms_never_raise_online() ->
     Results = [check_never_raises(fun no_short_timeouts/1) || _ <- lists:seq(1, 1000)],
     Reasons = lists:foldl(fun(R, Acc) -> maps:update_with(R, fun(N) -> N + 1 end, 1, Acc) end, #{},
-                          [case R of {ok, _} -> ok; {error, {Why, _}} -> Why end || R <- Results]),
+                          [case R of {ok, _} -> ok; {error, {Why, _}} -> Why; {{ok, _}, _} -> ok; {{error, {Why, _}}, _} -> Why end
+                           || R <- Results]),
     io:format(user, "~nrandom terms through the real port: ~p~n", [Reasons]),
     %% Some reached the port and were answered by it.
     ?assert(maps:size(maps:without([bad_args, too_large], Reasons)) > 0),
@@ -143,6 +141,108 @@ an_input_over_the_port_limit_is_refused_in_erlang() ->
         application:set_env(kem, shm_threshold, Threshold)
     end.
 
+%% Sessions and chains travel through the pipe only: bytes over the port's
+%% frame limit would be a frame the port can answer to no caller (a
+%% timeout, then a restart that loses every session of that port).
+session_bytes_over_the_port_limit_are_refused_in_erlang() ->
+    [Port] = kem_sup:port_names(),
+    OsPid = kem_port:os_pid(Port),
+    Big = crypto:strong_rand_bytes(300000),
+    {ok, S} = kem:session_open(#{}),
+    ok = kem:buffer_create(S, <<"acc">>, 64),
+    Checks = [fun() -> kem:session_call(S, ?DOUBLE, Big, #{timeout => 3000}) end,
+              fun() -> kem:buffer_create(S, <<"big">>, Big) end,
+              fun() -> kem:buffer_write(S, <<"acc">>, 0, Big) end,
+              fun() -> kem:chain([#{kernel => ?DOUBLE}], #{input => Big, timeout => 3000}) end,
+              fun() -> kem:chain([#{kernel => ?DOUBLE}], #{session => S, input => Big, timeout => 3000}) end],
+    [begin
+         {Us, Result} = timer:tc(Check),
+         ?assertMatch({error, {too_large, _}}, Result),
+         ?assert(Us < 1000000)
+     end || Check <- Checks],
+    ?assertEqual(OsPid, kem_port:os_pid(Port)),
+    %% The session is still there, and bytes that fit still go through.
+    Fits = crypto:strong_rand_bytes(64),
+    ?assertEqual(ok, kem:buffer_write(S, <<"acc">>, 0, Fits)),
+    ?assertEqual({ok, Fits}, kem:buffer_read(S, <<"acc">>)),
+    ?assertEqual({ok, kem_ref:double_ref(Fits, 64)}, kem:session_call(S, ?DOUBLE, Fits, #{})),
+    ?assertMatch({error, {bad_args, _}}, kem:session_call(S, ?DOUBLE, Fits, #{timeout => -1})),
+    ?assertMatch({error, {bad_args, _}}, kem:chain([#{kernel => ?DOUBLE}], #{input => Fits, timeout => foo})),
+    ok = kem:session_close(S).
+
+%% The quarantine holds on every road to a port: plain calls, session calls,
+%% chains with or without a session, and dev_kem's execute_chain.
+a_quarantined_kernel_is_refused_in_sessions_and_chains() ->
+    Kernel = <<"quarantined_in_a_test">>,
+    ok = kem_quarantine:add(Kernel),
+    ?assertMatch({error, {quarantined, _}}, kem:execute(Kernel, <<1, 2, 3, 4>>, #{})),
+    {ok, S} = kem:session_open(#{}),
+    ?assertMatch({error, {quarantined, _}}, kem:session_call(S, Kernel, <<1, 2, 3, 4>>, #{})),
+    Steps = [#{kernel => ?DOUBLE}, #{kernel => Kernel}],
+    ?assertMatch({error, {quarantined, _}}, kem:chain(Steps, #{input => <<1, 2, 3, 4>>})),
+    ?assertMatch({error, {quarantined, _}}, kem:chain(Steps, #{session => S, input => <<1, 2, 3, 4>>})),
+    Body = kem_json:encode(#{<<"input-data">> => [1, 2, 3, 4],
+                             <<"steps">> => [#{<<"kernel-id">> => ?DOUBLE}, #{<<"kernel-id">> => Kernel}]}),
+    ?assertMatch({error, #{<<"status">> := 503, <<"reason">> := <<"quarantined">>}},
+                 dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{})),
+    ok = kem:session_close(S).
+
+%% dev_kem's execute_chain is a request from outside the node too: no step
+%% may ask for more output than request_max_output_bytes (1000 here).
+a_chain_request_keeps_the_output_budget() ->
+    Chain = fun(Input, Steps) ->
+                dev_kem:execute_chain(#{}, #{<<"body">> => kem_json:encode(
+                    #{<<"input-data">> => binary_to_list(Input), <<"steps">> => Steps})}, #{})
+            end,
+    Input = crypto:strong_rand_bytes(200),
+    Double = #{<<"kernel-id">> => ?DOUBLE},
+    ?assertMatch({error, #{<<"status">> := 413, <<"reason">> := <<"too_large">>}},
+                 Chain(Input, [Double, Double#{<<"output-size">> => 1001}, Double#{<<"output-size">> => 4}])),
+    ?assertMatch({error, #{<<"status">> := 413}}, Chain(crypto:strong_rand_bytes(1004), [Double])),
+    %% At the budget it runs: double twice is times four, word by word.
+    {ok, #{<<"status">> := 200, <<"body">> := Out}} =
+        Chain(Input, [Double#{<<"output-size">> => 1000}, Double#{<<"output-size">> => 1000}]),
+    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 1000), 1000), Out).
+
+%% Session calls and chains run GPU work like any call: kem_metrics counts
+%% them by method, and dev_kem's execute_chain reports its usage (headers,
+%% and HyperBEAM's metering where present) as execute_kernel does.
+session_calls_and_chains_are_counted_and_metered() ->
+    Calls = fun(Method) -> maps:get({calls, Method}, maps:from_list(kem_metrics:snapshot()), 0) end,
+    {SessionCalls, Chains} = {Calls(session_call), Calls(chain)},
+    {ok, S} = kem:session_open(#{}),
+    Input = crypto:strong_rand_bytes(400),
+    ?assertEqual({ok, kem_ref:double_ref(Input, 400)}, kem:session_call(S, ?DOUBLE, Input, #{})),
+    ?assertMatch({error, {kernel_not_found, _}}, kem:session_call(S, <<"nope">>, Input, #{})),
+    ok = kem:session_close(S),
+    ?assertEqual(SessionCalls + 2, Calls(session_call)),
+    Body = kem_json:encode(#{<<"input-data">> => binary_to_list(Input),
+                             <<"steps">> => [#{<<"kernel-id">> => ?DOUBLE, <<"output-size">> => 800},
+                                             #{<<"kernel-id">> => ?DOUBLE}]}),
+    {ok, Reply} = dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{}),
+    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 800), 800), maps:get(<<"body">>, Reply)),
+    ?assertMatch(#{<<"kem-usage-kernel-id">> := <<"double,double">>, <<"kem-usage-bytes-in">> := 400,
+                   <<"kem-usage-bytes-out">> := 800, <<"kem-usage-clock">> := <<"wall">>}, Reply),
+    ?assertEqual(Chains + 1, Calls(chain)).
+
+%% As for a plain call: a session call that outlived the default timeout
+%% has its kernel quarantined (here the default is lowered to 1 ms, and the
+%% call made slow with a 32 MiB output, so it outlives it; the port is
+%% replaced, so the session is lost).
+a_session_call_that_times_out_quarantines_its_kernel() ->
+    Default = application:get_env(kem, timeout, 30000),
+    ok = application:set_env(kem, timeout, 1),
+    try
+        {ok, S} = kem:session_open(#{timeout => 5000}),
+        Input = crypto:strong_rand_bytes(8192),
+        ?assertMatch({error, {timeout, _}}, kem:session_call(S, <<"pixelize">>, Input, #{params => <<1:32/little, 1:32/little, 1:32/little, 0:32>>,
+                                                                 output_size => 32 bsl 20})),
+        ?assertMatch({error, {quarantined, _}}, kem:execute(<<"pixelize">>, Input, #{timeout => 5000}))
+    after
+        application:set_env(kem, timeout, Default)
+    end,
+    ?assertEqual(ok, wait_for_service(10000)).
+
 wait_for_service(Left) when Left =< 0 -> timeout;
 wait_for_service(Left) ->
     case kem:ping() of
@@ -160,16 +260,29 @@ check_never_raises(Adjust) ->
     ?assert(well_formed(Result)),
     Result.
 
+well_formed({{ok, _}, #{}}) -> true;  % request_chain_usage
+well_formed({{error, {Reason, _}}, #{}}) when is_atom(Reason) -> true;
 well_formed({ok, _}) -> true;
 well_formed({error, {Reason, _}}) when is_atom(Reason) -> true;
 well_formed(_) -> false.
 
 random_call() ->
-    case rand:uniform(3) of
+    case rand:uniform(5) of
         1 -> {execute, [kernel_id(), input(), opts()]};
         2 -> {call, [method(), call_args(), any_term(2)]};
-        3 -> {request, [method(), call_args()]}
+        3 -> {request, [method(), call_args()]};
+        4 -> {chain, [steps(), chain_opts()]};
+        5 -> {request_chain_usage, [steps(), chain_opts()]}
     end.
+
+steps() ->
+    Step = fun() -> pick([#{kernel => kernel_id()}, #{kernel => kernel_id(), output_size => small_int()}, any_term(1)]) end,
+    pick([[Step()], [Step(), Step()], [Step() | any_term(0)], [], any_term(2)]).
+
+%% Timeouts long or invalid: a valid short one would only restart the port.
+chain_opts() ->
+    pick([#{}, #{input => input()}, #{input => input(), timeout => pick([5000, foo, -1, 1.5])},
+          #{session => any_term(1)}, any_term(2)]).
 
 kernel_id() -> pick([?DOUBLE, ?DOUBLE, ?DOUBLE, <<"nope">>, <<"../x">>, <<>>, any_term(2)]).
 input() -> pick([crypto:strong_rand_bytes(rand:uniform(64)), crypto:strong_rand_bytes(rand:uniform(64)), <<>>, any_term(2)]).

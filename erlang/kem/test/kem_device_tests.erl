@@ -18,17 +18,10 @@ device_test_() ->
       {timeout, 60, fun usage_is_reported/0},
       {timeout, 120, fun metrics_count_and_survive_a_port_restart/0}]}.
 
-start() ->
-    ok = application:load(kem),
-    %% A port setting with no Erlang code of its own: KEM_MAX_BATCH.
-    ok = application:set_env(kem, max_batch, 7),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+%% A port setting with no Erlang code of its own: KEM_MAX_BATCH.
+start() -> kem_test_app:start([{max_batch, 7}]).
 
-stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 double_ref(Input, OutputSize) -> kem_ref:double_ref(Input, OutputSize).
 

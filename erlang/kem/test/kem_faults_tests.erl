@@ -25,15 +25,11 @@ start() ->
     Dir = filename:join("/tmp", "kem_faults_" ++ os:getpid()),
     ok = filelib:ensure_dir(filename:join(Dir, "x")),
     ok = file:write_file(filename:join(Dir, "runaway.wgsl"), ?RUNAWAY),
-    ok = application:load(kem),
-    ok = application:set_env(kem, ports, 2),
-    ok = application:set_env(kem, kernel_dir, Dir),
-    {ok, Apps} = application:ensure_all_started(kem),
+    Apps = kem_test_app:start([{ports, 2}, {kernel_dir, Dir}]),
     {Apps, Dir}.
 
 stop({Apps, Dir}) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
+    kem_test_app:stop(Apps),
     file:del_dir_r(Dir),
     ok.
 

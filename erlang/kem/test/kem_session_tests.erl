@@ -4,47 +4,6 @@
 -module(kem_session_tests).
 -include_lib("eunit/include/eunit.hrl").
 
--define(ACCUMULATE, <<
-    "@group(0) @binding(0) var<storage, read> input_words: array<u32>;\n"
-    "@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;\n"
-    "@group(0) @binding(3) var<storage, read_write> acc: array<u32>;\n"
-    "@compute @workgroup_size(64)\n"
-    "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
-    "    let i = gid.x;\n"
-    "    if (i >= arrayLength(&acc)) { return; }\n"
-    "    acc[i] = acc[i] + input_words[i % arrayLength(&input_words)];\n"
-    "    if (i < arrayLength(&output_words)) { output_words[i] = acc[i]; }\n"
-    "}\n">>).
-
--define(LIFE, <<
-    "struct Size { w: u32, h: u32 }\n"
-    "@group(0) @binding(0) var<storage, read> input_words: array<u32>;\n"
-    "@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;\n"
-    "@group(0) @binding(2) var<uniform> size: Size;\n"
-    "@group(0) @binding(3) var<storage, read> cur: array<u32>;\n"
-    "@group(0) @binding(4) var<storage, read_write> next: array<u32>;\n"
-    "\n"
-    "@compute @workgroup_size(8, 8)\n"
-    "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
-    "    let w = size.w;\n"
-    "    let h = size.h;\n"
-    "    if (gid.x >= w || gid.y >= h) {\n"
-    "        return;\n"
-    "    }\n"
-    "    var n = 0u;\n"
-    "    for (var dy = 0u; dy < 3u; dy++) {\n"
-    "        for (var dx = 0u; dx < 3u; dx++) {\n"
-    "            if (dx != 1u || dy != 1u) {\n"
-    "                let x = (gid.x + w + dx - 1u) % w;\n"
-    "                let y = (gid.y + h + dy - 1u) % h;\n"
-    "                n += cur[y * w + x];\n"
-    "            }\n"
-    "        }\n"
-    "    }\n"
-    "    let alive = cur[gid.y * w + gid.x];\n"
-    "    next[gid.y * w + gid.x] = select(0u, 1u, n == 3u || (alive == 1u && n == 2u));\n"
-    "}\n">>).
-
 session_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun buffers_round_trip/0},
@@ -57,22 +16,14 @@ session_test_() ->
       {timeout, 60, fun owner_death_frees_memory/0},
       {timeout, 120, fun session_lost_after_kill_9/0}]}.
 
+%% The kernels are the Python tests' own (tests/session_kernels): one source
+%% for both sides.
 start() ->
-    Dir = filename:join(["/tmp", "kem-session-tests-" ++ os:getpid()]),
-    ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    ok = file:write_file(filename:join(Dir, "accumulate.wgsl"), ?ACCUMULATE),
-    ok = file:write_file(filename:join(Dir, "life.wgsl"), ?LIFE),
-    ok = application:load(kem),
-    ok = application:set_env(kem, kernel_dir, Dir),
-    ok = application:set_env(kem, session_quota_bytes, 16 bsl 20),  % -> KEM_SESSION_QUOTA_BYTES
-    {ok, Apps} = application:ensure_all_started(kem),
-    {Dir, Apps}.
+    Dir = filename:join(kem_test_app:repo_root(), "tests/session_kernels"),
+    kem_test_app:start([{kernel_dir, Dir},
+                        {session_quota_bytes, 16 bsl 20}]).  % -> KEM_SESSION_QUOTA_BYTES
 
-stop({Dir, Apps}) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    file:del_dir_r(Dir),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 %%% references
 

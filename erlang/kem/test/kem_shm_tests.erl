@@ -103,16 +103,9 @@ app_test_() ->
     {setup, fun() -> start([{port_env, [{"KEM_TEST_HOOKS", "1"}]}]) end, fun stop/1,
      [{timeout, 60, fun files_are_private_and_gone_when_the_caller_is_killed/0}]}.
 
-start(Env) ->
-    ok = application:load(kem),
-    [ok = application:set_env(kem, K, V) || {K, V} <- Env],
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+start(Env) -> kem_test_app:start(Env).
 
-stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 payload_files() ->
     {ok, Files} = file:list_dir(kem_shm_dir:path()),

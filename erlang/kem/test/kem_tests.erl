@@ -25,16 +25,9 @@ kem_test_() ->
       {timeout, 120, fun shared_memory_files_removed_when_port_killed/0},
       {timeout, 60, fun stale_shared_memory_dirs_are_swept/0}]}.
 
-start() ->
-    ok = application:load(kem),
-    ok = application:set_env(kem, port_env, [{"KEM_TEST_HOOKS", "1"}]),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+start() -> kem_test_app:start([{port_env, [{"KEM_TEST_HOOKS", "1"}]}]).
 
-stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+stop(Apps) -> kem_test_app:stop(Apps).
 
 %%% reference
 
@@ -146,22 +139,13 @@ dev_kem_info() ->
     ?assertMatch({ok, #{<<"backend">> := _}}, kem_json:decode(Json)).
 
 lua_example_body_is_accepted() ->
-    {ok, Lua} = file:read_file(filename:join(repo_root(), "examples/kem-device.lua")),
+    {ok, Lua} = file:read_file(filename:join(kem_test_app:repo_root(), "examples/kem-device.lua")),
     {match, [Body]} = re:run(Lua, "KEM_REQUEST_BODY = '([^']*)'", [{capture, all_but_first, binary}]),
     %% As ao.resolve delivers it: device, method and body are global-scope
     %% keys, present on the base message and on the request.
     Req = #{<<"device">> => <<"kem@1.0">>, <<"method">> => <<"POST">>, <<"body">> => Body},
     ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := <<2, 6, 10, 14>>}},
                  dev_kem:execute_kernel(Req, Req#{<<"path">> => <<"execute_kernel">>}, #{})).
-
-repo_root() ->
-    find_up(filename:dirname(code:which(?MODULE))).
-
-find_up(Dir) ->
-    case filelib:is_file(filename:join(Dir, "examples/kem-device.lua")) of
-        true -> Dir;
-        false -> find_up(filename:dirname(Dir))
-    end.
 
 %%% shared-memory side channel
 
