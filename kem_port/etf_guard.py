@@ -51,8 +51,13 @@ def malformed(detail: str) -> KemError:
     return Malformed("bad_frame", detail)
 
 
-_CALL_HEAD = (bytes([VERSION, 104, 4, 119, 4]) + b"call", bytes([VERSION, 104, 4, 100, 0, 4]) + b"call",
-              bytes([VERSION, 104, 4, 115, 4]) + b"call", bytes([VERSION, 104, 4, 118, 0, 4]) + b"call")
+# {call, ReqId, Method, Args} and {call, ReqId, Method, Args, TimeoutMs}, the
+# atom in each of its four encodings.
+_CALL_HEAD = tuple(
+    bytes([VERSION, 104, arity]) + atom + b"call"
+    for arity in (4, 5)
+    for atom in (bytes([119, 4]), bytes([100, 0, 4]), bytes([115, 4]), bytes([118, 0, 4]))
+)
 
 
 def peek_req_id(frame: bytes) -> int | None:

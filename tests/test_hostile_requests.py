@@ -123,6 +123,9 @@ def test_peek_req_id_reads_only_a_call_head():
     assert peek_req_id(call_frame(5, "ping")) == 5
     assert peek_req_id(call_frame(2**40 + 3, "ping")) == 2**40 + 3
     assert peek_req_id(terms.encode((1, 2, 3))) is None
+    # The node sends each call's timeout as a fifth element (docs/protocol.md).
+    with_timeout = terms.encode((terms.atom("call"), 7, terms.atom("chain"), (2**70,), 5000))
+    assert peek_req_id(with_timeout) == 7
     assert peek_req_id(b"\x83") is None
 
 
