@@ -105,7 +105,8 @@ def test_publish_then_run_by_id_strict(tmp_path, rng, wallet_file, loopback):
     assert fetched >= 1
     # The same id through the command: fetched and verified again (own cache).
     env["KEM_CACHE_DIR"] = str(tmp_path / "cli-cache")
-    ran = kem(tmp_path, "-v", "run", item_id, "--hex", "05000000", env=cli_env(tmp_path, **env))
+    # "--": an Arweave id may start with "-", which argparse would read as an option
+    ran = kem(tmp_path, "-v", "run", "--hex", "05000000", "--", item_id, env=cli_env(tmp_path, **env))
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == bytes.fromhex("0a000000")
     assert loopback.gateway.count(f"/raw/{item_id}") > fetched

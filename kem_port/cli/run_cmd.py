@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
         ),
         epilog="example: kem run double --random 64K --seed 1 -o out.bin",
     )
-    parser.add_argument("kernel", metavar="KERNEL", help="a .wgsl file or a kernel id")
+    parser.add_argument("kernel", metavar="KERNEL", help="a .wgsl file or a kernel id (an id starting with '-': put it after '--')")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="FILE", help="input bytes from FILE ('-' for stdin); a PNG is decoded to RGBA")
     source.add_argument("--hex", type=inputs.hex_bytes, metavar="HEX", help="input bytes as hex")
