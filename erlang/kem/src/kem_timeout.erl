@@ -26,6 +26,7 @@
 %% Details of a timeout that was not the kernel's doing: it waited (for a
 %% fetch, in the queue) and its port was kept. The port's own answers and
 %% `finish/4' below write them.
+-define(PLACED, [execute_kernel, execute_kernel_with_params, execute]).
 -define(NOT_STUCK, [<<"the port was kept">>, <<"waiting for the kernel fetch">>, <<"in the port's queue">>]).
 
 %% @doc Whether a `{error, {timeout, Detail}}' means the kernel itself ran
@@ -73,7 +74,10 @@ probe_unanswered(ProbeId, State = #{probes := Probes}) ->
 finish(Id, Where, Detail, State = #{pending := Pending}) ->
     case maps:take(Id, Pending) of
         {{From, _TRef, Method, _Shape}, Rest} ->
-            Stuck = Where =:= <<"running">>,
+            %% The port places only plain kernel calls (intake); session
+            %% work and chains run as GPU actions it cannot place, so for
+            %% them the old rule holds: the GPU may be inside them.
+            Stuck = Where =:= <<"running">> orelse not lists:member(Method, ?PLACED),
             Suffix = case Stuck andalso application:get_env(kem, kill_on_timeout, true) of
                 true -> <<"; the port was restarted">>;
                 false -> <<"; the port was kept">>
