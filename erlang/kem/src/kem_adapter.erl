@@ -19,7 +19,7 @@ public(Info) ->
 -include_lib("eunit/include/eunit.hrl").
 
 public_test() ->
-    Port = #{<<"vendor">> => 65541, <<"kem">> => #{<<"cache_dir">> => <<"/root/.cache">>,
+    Port = #{<<"vendor">> => 65541, <<"kem">> => #{<<"cache_dir">> => <<"/home/node/.cache">>,
                                                    <<"kernel_dirs">> => <<"/x">>,
                                                    <<"verify">> => <<"strict">>}},
     ?assertEqual(#{<<"vendor">> => 65541, <<"kem">> => #{<<"verify">> => <<"strict">>}}, public(Port)),
