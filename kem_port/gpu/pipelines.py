@@ -124,12 +124,18 @@ def _bound_key(bound: tuple) -> tuple[int, int, int]:
 
 
 def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, shape: KernelShape, has_params: bool):
+    return compile_with_layout(device, source, entry, contract.layout_entries(shape, has_params))
+
+
+def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str, entries: list[dict]):
+    """Shader module, bind group layout from `entries` and pipeline, with
+    naga's message as `shader_error` or `bad_kernel` (calls and sessions)."""
     try:
         module = device.create_shader_module(code=source.text, label=source.kernel_id)
     except wgpu.GPUError as exc:
         raise KemError("shader_error", gpu_message(exc)) from None
     try:
-        layout = device.create_bind_group_layout(entries=contract.layout_entries(shape, has_params))
+        layout = device.create_bind_group_layout(entries=entries)
         pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
         pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
     except wgpu.GPUError as exc:

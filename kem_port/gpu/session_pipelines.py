@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import wgpu
 
-from kem_port.errors import KemError
 from kem_port.gpu import contract, session_contract
-from kem_port.gpu.pipelines import gpu_message
+from kem_port.gpu.pipelines import compile_with_layout
 from kem_port.gpu.session_contract import SessionLayout
 from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.wgsl_reflect import KernelShape, reflect
@@ -91,14 +90,6 @@ class SessionPipelines:
 
 
 def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool, serial: int) -> SessionPipeline:
-    try:
-        module = device.create_shader_module(code=source.text, label=source.kernel_id)
-    except wgpu.GPUError as exc:
-        raise KemError("shader_error", gpu_message(exc)) from None
-    try:
-        group_layout = device.create_bind_group_layout(entries=session_contract.layout_entries(layout, has_params))
-        pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[group_layout])
-        pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
-    except wgpu.GPUError as exc:
-        raise KemError("bad_kernel", gpu_message(exc)) from None
+    entries = session_contract.layout_entries(layout, has_params)
+    pipeline, group_layout = compile_with_layout(device, source, entry, entries)
     return SessionPipeline(pipeline, group_layout, layout, serial)
