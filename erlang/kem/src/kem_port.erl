@@ -412,10 +412,16 @@ maybe_kill(State, Id) ->
             {noreply, State}
     end.
 
-exit_error({shutdown, {port_exited, Status}}) -> {port_exited, Status};
+exit_error({shutdown, {port_exited, Status}}) -> {port_exited, exit_detail(Status)};
 exit_error({shutdown, call_timeout}) ->
     {port_restarted, <<"another call on this port timed out; the port was restarted">>};
 exit_error(Reason) -> {port_exited, Reason}.
+
+%% Callers get a sentence, as for every other reason (docs/protocol.md).
+exit_detail(output_closed) -> <<"the port process died (its output closed); the port is restarting">>;
+exit_detail(Status) when is_integer(Status) -> <<"the port process exited with status ", (integer_to_binary(Status))/binary>>;
+exit_detail(Why) when is_atom(Why) -> <<"the port process exited: ", (atom_to_binary(Why))/binary>>;
+exit_detail(_) -> <<"the port process exited">>.
 
 cancel(undefined) -> ok;
 cancel(TRef) -> erlang:cancel_timer(TRef, [{async, true}, {info, false}]).
