@@ -174,6 +174,23 @@ def test_adapters_lists_and_picks(tmp_path):
     assert "no_adapter" in missing.stderr.decode()
 
 
+def test_adapters_without_a_usable_adapter_answers_cleanly(tmp_path):
+    # A backend this machine lacks: wgpu's request_adapter raises then, as on
+    # a host with no driver. The node reads --json (kem_adapters): a listing
+    # with no pick and why, exit 0, never a traceback on its console.
+    env = cli_env(tmp_path, WGPU_BACKEND_TYPE="Metal")
+    done = kem(tmp_path, "adapters", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    listing = json.loads(done.stdout)
+    assert listing["kem_picks"] is None
+    assert listing["why"].startswith("no_adapter: ")
+    assert b"Traceback" not in done.stderr
+    human = kem(tmp_path, "adapters", env=env)
+    assert human.returncode == 1
+    assert b"Traceback" not in human.stderr
+    assert "kem: kem would find no adapter: no_adapter: " in human.stderr.decode()
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [

@@ -41,18 +41,30 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     config = Config.from_env()
     console.progress("asking wgpu for adapters")
     adapters = [describe(i, a) for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync())]
-    try:
-        chosen = gpu_layer().choose_adapter(config.adapter)
-        pick, why = _match(adapters, chosen.info), _reason(config, chosen.info)
-    except KemError as exc:
-        pick, why = None, f"{exc.reason}: {exc.detail}"
+    pick, why = _pick(adapters, config, gpu_layer)
     if args.json:
+        # The listing is the answer, an empty one included: the node reads it
+        # (kem_adapters) and logs `why'; a traceback would only reach its console.
         print(json.dumps({"adapters": adapters, "kem_picks": pick, "why": why}, indent=2))
-    else:
-        _print(adapters, pick, why)
+        return 0
+    _print(adapters, pick, why)
     if pick is None:
         raise CliError(f"kem would find no adapter: {why}")
     return 0
+
+
+def _pick(adapters: list[dict], config: Config, gpu_layer) -> tuple[int | None, str]:
+    """The index kem's own choice lands on, and why; (None, why) when none."""
+    if not adapters:
+        # wgpu's request_adapter raises a bare RuntimeError then: say it plainly.
+        return None, "no_adapter: wgpu found no adapter (install a Vulkan driver; mesa-vulkan-drivers gives lavapipe, a CPU adapter)"
+    try:
+        chosen = gpu_layer().choose_adapter(config.adapter)
+    except KemError as exc:
+        return None, f"{exc.reason}: {exc.detail}"
+    except RuntimeError as exc:  # wgpu's "Request adapter failed"
+        return None, f"no_adapter: {str(exc).splitlines()[0]}"
+    return _match(adapters, chosen.info), _reason(config, chosen.info)
 
 
 def describe(index: int, adapter) -> dict:

@@ -255,7 +255,7 @@ usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us,
       <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}.
 
 failure(Message, {Reason, Detail}) when is_atom(Reason) ->
-    error_reply(status(Reason), Message, Reason, Detail);
+    retry_after(Reason, error_reply(status(Reason), Message, Reason, Detail));
 failure(Message, Other) ->
     error_reply(500, Message, internal, Other).
 
@@ -269,6 +269,16 @@ error_reply(Status, Message, Reason, Detail) ->
     {error, Fields#{<<"status">> => Status,
                     <<"content-type">> => <<"application/json">>,
                     <<"body">> => kem_json:encode(Fields)}}.
+
+%% A port being replaced (a warm spare takes over within ms, docs/
+%% reliability.md): the same request may be sent again, so say when. A
+%% top-level binary becomes a header (httpsig); HTTP's unit is 1 s. Not
+%% for `session_lost': that session is gone, a retry needs a new one.
+retry_after(Reason, {error, Fields}) when Reason =:= port_exited; Reason =:= port_restarted;
+                                         Reason =:= port_unavailable ->
+    {error, Fields#{<<"retry-after">> => <<"1">>}};
+retry_after(_Reason, Reply) ->
+    Reply.
 
 json_reply(Status, Map) ->
     {ok, #{<<"status">> => Status,
@@ -295,6 +305,11 @@ status(quota_exceeded) -> 413;
 status(overloaded) -> 503;
 status(quarantined) -> 503;
 status(port_unavailable) -> 503;
+%% The node's port died or was replaced under the call: the node's fault,
+%% and passing (503), not a bug (500).
+status(port_exited) -> 503;
+status(port_restarted) -> 503;
+status(session_lost) -> 503;
 status(not_started) -> 503;
 status(no_kem_node) -> 503;
 status(no_local_gpu) -> 503;
@@ -358,4 +373,20 @@ status_by_reason_test() ->
     ?assertEqual(502, status(bad_response)),
     ?assertEqual(502, status(fetch_failed)),
     ?assertEqual(500, status(internal)).
+
+%% A restarting port is a 503 with a JSON body and a Retry-After header; a
+%% lost session is a 503 without one (sending it again cannot help).
+restart_replies_test() ->
+    [begin
+         {error, Reply} = failure(<<"kem call failed">>, {Reason, <<"the port is restarting">>}),
+         ?assertMatch(#{<<"status">> := 503, <<"retry-after">> := <<"1">>,
+                        <<"content-type">> := <<"application/json">>}, Reply),
+         ?assertMatch({ok, #{<<"reason">> := _}}, kem_json:decode(maps:get(<<"body">>, Reply)))
+     end || Reason <- [port_exited, port_restarted, port_unavailable]],
+    {error, Lost} = failure(<<"kem call failed">>, {session_lost, <<"the port that held this session exited">>}),
+    ?assertMatch(#{<<"status">> := 503}, Lost),
+    ?assertNot(maps:is_key(<<"retry-after">>, Lost)),
+    {error, Internal} = failure(<<"kem call failed">>, {internal, <<"x">>}),
+    ?assertMatch(#{<<"status">> := 500}, Internal),
+    ?assertNot(maps:is_key(<<"retry-after">>, Internal)).
 -endif.

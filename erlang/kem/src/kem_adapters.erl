@@ -53,7 +53,10 @@ port_env(#{adapter := I}) -> [{"KEM_ADAPTER", integer_to_list(I)}].
 
 discovered() ->
     case run_discovery() of
-        {ok, Adapters} -> choose(Adapters, application:get_env(kem, exclude, []));
+        {ok, [], Why} ->
+            logger:warning("kem: adapter discovery found no adapter (~ts); one port group, the port picks", [Why]),
+            [?DEFAULT];
+        {ok, Adapters, _Why} -> choose(Adapters, application:get_env(kem, exclude, []));
         {error, Why} ->
             logger:warning("kem: adapter discovery failed (~0p); one port group, the port picks", [Why]),
             [?DEFAULT]
@@ -97,7 +100,9 @@ collect(Port, Acc, Until) ->
 
 parse(Json) ->
     case kem_json:decode(Json) of
-        {ok, #{<<"adapters">> := Adapters}} when is_list(Adapters) -> {ok, Adapters};
+        {ok, #{<<"adapters">> := Adapters} = Listing} when is_list(Adapters) ->
+            Why = maps:get(<<"why">>, Listing, <<>>),
+            {ok, Adapters, case is_binary(Why) of true -> Why; false -> <<"no reason given">> end};
         _ -> {error, not_json}
     end.
 

@@ -13,7 +13,7 @@
 %%% around each call (`pick/1', `done/3'); per-group counters are ETS. The
 %%% table is created in kem_sup's init, so it lives as long as the ports.
 -module(kem_place).
--export([setup/2, pick/1, done/3, pending/0, groups/0]).
+-export([setup/2, pick/1, done/3, pending/0, groups/0, group_envs/0, group_of/1]).
 
 -define(KEY, {kem, place}).
 -define(TABLE, kem_place).
@@ -104,7 +104,29 @@ groups() ->
              || {G, Is, Group} <- Described]
     end.
 
+%% @doc Each group's number and the environment its ports get (its
+%% `KEM_ADAPTER'), for the spares kem_spare keeps per group.
+-spec group_envs() -> [{pos_integer(), [{string(), string()}]}].
+group_envs() ->
+    case persistent_term:get(?KEY, undefined) of
+        undefined -> [];
+        #{described := Described} -> [{G, kem_adapters:port_env(Group)} || {G, _, Group} <- Described]
+    end.
+
+%% @doc The group of the port registered as Name (`undefined': not one of
+%% kem_sup's ports).
+-spec group_of(atom()) -> pos_integer() | undefined.
+group_of(Name) ->
+    case persistent_term:get(?KEY, undefined) of
+        #{names := Names, group_of := GroupOf} -> index_group(Name, tuple_to_list(Names), 1, GroupOf);
+        undefined -> undefined
+    end.
+
 %%% internals
+
+index_group(_Name, [], _I, _GroupOf) -> undefined;
+index_group(Name, [Name | _], I, GroupOf) -> element(I, GroupOf);
+index_group(Name, [_ | Rest], I, GroupOf) -> index_group(Name, Rest, I + 1, GroupOf).
 
 choose(_Key, #{groups := {{Ports, _}}, rr := RR}) ->
     element(1 + atomics:add_get(RR, 1, 1) rem tuple_size(Ports), Ports);

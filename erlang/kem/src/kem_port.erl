@@ -264,7 +264,7 @@ handle_call({call, Method, Args, Timeout}, From, State)
             {noreply, State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}}}
     catch
         error:badarg ->
-            %% The port closed under us (killed); its exit_status may still
+            %% The port closed under us (killed); its eof may still
             %% be in the mailbox. Stop now: terminate answers every caller;
             %% this call never reached the port, so it goes to the next one.
             stop_port_exited(closed, ?RETRY, State)
@@ -296,8 +296,8 @@ handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
     end;
 handle_info({probe_timeout, ProbeId}, State) ->
     kem_timeout:probe_unanswered(ProbeId, State);
-handle_info({Port, {exit_status, Status}}, State = #{port := Port}) ->
-    stop_port_exited(Status, State);
+handle_info({Port, eof}, State = #{port := Port}) ->
+    port_output_closed(State);
 handle_info({'EXIT', Port, Reason}, State = #{port := Port}) ->
     stop_port_exited(Reason, State);
 handle_info(_Other, State) ->
@@ -319,6 +319,18 @@ stop_port_exited(Status, State) ->
     kem_metrics:port_exited(maps:get(name, State), Status),
     logger:warning("kem_port ~p: port exited (~0p); restarting", [maps:get(name, State), Status]),
     {stop, {shutdown, {port_exited, Status}}, State#{port := undefined}}.
+
+%% The port's stdout closed: the process is dying (its file descriptors
+%% close early in its exit, the protocol pipe being one of the first), or
+%% can no longer answer anyway. Act now, not once the process is reaped,
+%% which comes after the GPU driver has torn down its context: tens of ms
+%% on an H100 (docs/reliability.md, "The earliest sign of death"). The
+%% process is killed (the 2 s backstop of close_port/3) and reaped by
+%% erl_child_setup in the background; the port is closed, so nothing of it
+%% reaches the next owner, which matches only its own port anyway.
+port_output_closed(State = #{port := Port, os_pid := OsPid}) ->
+    close_port(Port, OsPid, later),
+    stop_port_exited(output_closed, State).
 
 stop_port_exited(Status, Reply, State) ->
     {stop, Stop, NewState} = stop_port_exited(Status, State),
@@ -400,10 +412,16 @@ maybe_kill(State, Id) ->
             {noreply, State}
     end.
 
-exit_error({shutdown, {port_exited, Status}}) -> {port_exited, Status};
+exit_error({shutdown, {port_exited, Status}}) -> {port_exited, exit_detail(Status)};
 exit_error({shutdown, call_timeout}) ->
     {port_restarted, <<"another call on this port timed out; the port was restarted">>};
 exit_error(Reason) -> {port_exited, Reason}.
+
+%% Callers get a sentence, as for every other reason (docs/protocol.md).
+exit_detail(output_closed) -> <<"the port process died (its output closed); the port is restarting">>;
+exit_detail(Status) when is_integer(Status) -> <<"the port process exited with status ", (integer_to_binary(Status))/binary>>;
+exit_detail(Why) when is_atom(Why) -> <<"the port process exited: ", (atom_to_binary(Why))/binary>>;
+exit_detail(_) -> <<"the port process exited">>.
 
 cancel(undefined) -> ok;
 cancel(TRef) -> erlang:cancel_timer(TRef, [{async, true}, {info, false}]).
@@ -449,7 +467,11 @@ os_pid_of(Port) ->
 open(Python, Command, ShmDir, Env) ->
     Args = case Command of {module, Module} -> ["-m", Module]; {script, Path} -> [Path] end,
     Base = [{K, V} || {K, V} <- port_env(ShmDir), not lists:keymember(K, 1, Env)],
-    Opts = [{packet, 4}, binary, exit_status, use_stdio, hide,
+    %% `eof' and no `exit_status': the owner hears of a death when the pipe
+    %% closes. With `exit_status' erts holds the end of file back until the
+    %% process has been reaped, after the GPU driver's teardown
+    %% (port_output_closed/1). erl_child_setup reaps every child either way.
+    Opts = [{packet, 4}, binary, eof, use_stdio, hide,
             {args, Args}, {env, Base ++ Env}],
     try
         {ok, open_port({spawn_executable, Python}, Opts)}
@@ -471,6 +493,7 @@ handshake(State) ->
                 {error, Reason} -> close(State), {stop, Reason}
             end;
         {exit_status, Status} ->
+            close(State),
             {stop, {port_exited_at_start, Status}};
         {fatal, {Reason, Detail}} ->
             close(State),
@@ -500,8 +523,8 @@ await_answer(State = #{port := Port, name := Name}, Deadline) ->
                         false -> Other
                     end
             end;
-        {Port, {exit_status, Status}} ->
-            {exit_status, Status}
+        {Port, eof} ->
+            {exit_status, output_closed}
     after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         timeout
     end.
@@ -533,8 +556,8 @@ await_warm(Port, Id, Name, Timeout) ->
                         false -> logger:warning("kem_port ~p: warm failed: ~0P", [Name, Other, 8]), ok
                     end
             end;
-        {Port, {exit_status, Status}} ->
-            {stop, {port_exited_at_start, Status}}
+        {Port, eof} ->
+            {stop, {port_exited_at_start, output_closed}}
     after Timeout ->
         {stop, {port_start_timeout, Timeout}}
     end.

@@ -16,6 +16,12 @@
 %%% Callers that find no port registered (`noproc') while a spare is about
 %%% to take over wait here (`await/2') for the name to come back.
 %%%
+%%% One server keeps the spares of every port group (kem_place: one group
+%%% per adapter): `spares' spares per group, each opened with its group's
+%%% environment (its `KEM_ADAPTER') and taken only by a port of that group.
+%%% The warm list is the node's: a kernel served by one group may spill to
+%%% another (kem_place), so every group's spares compile it.
+%%%
 %%% It never calls a port owner, so owners may call it from `init'.
 -module(kem_spare).
 -behaviour(gen_server).
@@ -27,15 +33,18 @@
 -define(RETRY_MS, 1000).  % after a spare failed to start
 
 %% @doc ShmDir: the node's shared-memory directory, as each port owner gets it.
-%% Env: the environment of the port group the spares are for (its
-%% `KEM_ADAPTER'); only that group's ports take them (kem_sup).
--spec start_link(string() | undefined, [{string(), string()}]) -> {ok, pid()} | {error, term()}.
-start_link(ShmDir, Env) ->
-    gen_server:start_link({local, ?SERVER}, ?MODULE, {ShmDir, Env}, []).
+%% Groups: each port group's number and environment (kem_place:group_envs/0);
+%% a group's spares are opened with its environment and taken only by its
+%% ports (kem_sup).
+-spec start_link(string() | undefined, [{pos_integer(), [{string(), string()}]}]) ->
+    {ok, pid()} | {error, term()}.
+start_link(ShmDir, Groups) ->
+    gen_server:start_link({local, ?SERVER}, ?MODULE, {ShmDir, Groups}, []).
 
-%% @doc For port owner Name, restarting: take a spare's open port (the
-%% calling process becomes its owner), or `none' (no spare: open a new one).
-%% Waits for a spare that is starting, at most `start_timeout'.
+%% @doc For port owner Name, restarting: take a spare of its group (the
+%% calling process becomes the owner of its open port), or `none' (no
+%% spare: open a new one). Env is the owner's environment, which must be
+%% its group's. Waits for a spare that is starting, at most `start_timeout'.
 -spec take(atom(), [{string(), string()}]) ->
     {ok, #{port := port(), os_pid := integer() | undefined, next := pos_integer()}} | none.
 take(Name, Env) ->
@@ -83,13 +92,14 @@ shapes() ->
             end
     end.
 
-%% @doc The spares: OS pid, stage and resident memory (KiB, from /proc;
-%% `undefined' where there is none) of each, for figures and health.
--spec info() -> [#{os_pid := integer() | undefined, stage := atom(), rss_kib := integer() | undefined}].
+%% @doc The spares: group, OS pid, stage and resident memory (KiB, from
+%% /proc; `undefined' where there is none) of each, for figures and health.
+-spec info() -> [#{group := pos_integer(), os_pid := integer() | undefined, stage := atom(),
+                   rss_kib := integer() | undefined}].
 info() ->
     gen_server:call(?SERVER, info).
 
-%% @doc How many spares to keep (app env `spares'; 0 = off).
+%% @doc How many spares to keep per port group (app env `spares'; 0 = off).
 -spec count() -> non_neg_integer().
 count() ->
     case application:get_env(kem, spares, 1) of
@@ -99,16 +109,20 @@ count() ->
 
 %%% gen_server
 
-init({ShmDir, Env}) ->
+init({ShmDir, Groups}) ->
     process_flag(trap_exit, true),
-    State = #{shm_dir => ShmDir, env => Env, want => count(), spares => [], takers => [], waiters => [],
-              shapes => [], limit => kem_warm:limit()},
+    State = #{shm_dir => ShmDir, groups => maps:from_list(Groups), want => count(), spares => [],
+              takers => [], waiters => [], shapes => [], limit => kem_warm:limit()},
     {ok, fill(State)}.
 
-handle_call({take, _Name, Env}, _From, State = #{env := Own}) when Env =/= Own ->
-    {reply, none, State};  % another group's port: it opens its own
-handle_call({take, Name, _Env}, From, State) ->
-    take_spare(Name, From, State);
+handle_call({take, Name, Env}, From, State = #{groups := Groups}) ->
+    %% Only a port of a group this server keeps spares for, started with
+    %% that group's environment (a port opened otherwise opens its own).
+    G = kem_place:group_of(Name),
+    case maps:find(G, Groups) of
+        {ok, Env} -> take_spare(Name, G, From, State);
+        _ -> {reply, none, State}
+    end;
 handle_call({await, Name, Old, Ms}, From, State = #{want := Want, waiters := Waiters}) ->
     case whereis(Name) of
         Pid when is_pid(Pid), Pid =/= Old -> {reply, ok, State};
@@ -120,7 +134,8 @@ handle_call({await, Name, Old, Ms}, From, State = #{want := Want, waiters := Wai
 handle_call(shapes, _From, State = #{shapes := Shapes}) ->
     {reply, Shapes, State};
 handle_call(info, _From, State = #{spares := Spares}) ->
-    {reply, [#{os_pid => P, stage => S, rss_kib => rss_kib(P)} || #{os_pid := P, stage := S} <- Spares], State}.
+    {reply, [#{group => G, os_pid => P, stage => S, rss_kib => rss_kib(P)}
+             || #{group := G, os_pid := P, stage := S} <- Spares], State}.
 
 handle_cast({up, Name}, State) ->
     {noreply, release_waiters(Name, State)};
@@ -135,8 +150,8 @@ handle_info({Port, {data, Frame}}, State) when is_port(Port) ->
         {ok, Spare} -> {noreply, on_reply(decode(Frame), Spare, State)};
         error -> {noreply, State}  % a reply for a spare already handed over
     end;
-handle_info({Port, {exit_status, Status}}, State) when is_port(Port) ->
-    spare_failed(Port, {exited, Status}, State);
+handle_info({Port, eof}, State) when is_port(Port) ->
+    spare_failed(Port, exited, State);  % its stdout closed: it is dying (kem_port)
 handle_info({spare_timeout, Port}, State) ->
     spare_failed(Port, start_timeout, State);
 handle_info({'EXIT', Port, Reason}, State) when is_port(Port) ->
@@ -160,26 +175,30 @@ terminate(_Reason, #{spares := Spares}) ->
 
 %%% taking a spare
 
-take_spare(Name, From, State = #{spares := Spares, takers := Takers}) ->
-    case best(Spares) of
+take_spare(Name, G, From, State = #{spares := Spares, takers := Takers}) ->
+    case best(G, Spares) of
         {ok, Spare} -> {noreply, hand_over(Spare, Name, From, State)};
-        starting -> {noreply, fill(State#{takers := Takers ++ [{Name, From}]})};
+        starting -> {noreply, fill(State#{takers := Takers ++ [{Name, G, From}]})};
         none -> {reply, none, State}
     end.
 
 %% A ready spare first, then one still compiling its warm list (its first
 %% calls queue behind the compile, no later than a fresh port's would).
-best(Spares) ->
+best(G, All) ->
+    Spares = [S || S = #{group := G1} <- All, G1 =:= G],
     case [S || S = #{stage := ready} <- Spares] ++ [S || S = #{stage := warming} <- Spares] of
         [Spare | _] -> {ok, Spare};
         [] when Spares =/= [] -> starting;
         [] -> none
     end.
 
-hand_over(Spare = #{port := Port, os_pid := OsPid, next := Next}, Name, From = {Pid, _}, State) ->
+hand_over(Spare = #{port := Port, os_pid := OsPid, next := Next, group := G}, Name, From = {Pid, _}, State) ->
     Rest = remove(Port, State),
     cancel(maps:get(tref, Spare, undefined)),
     try
+        %% A spare whose stdout closed is dying, though its port is open
+        %% (`eof'): never hand that over.
+        alive = receive {Port, eof} -> error(badarg) after 0 -> alive end,
         true = erlang:port_connect(Port, Pid),
         true = unlink(Port),
         gen_server:reply(From, {ok, #{port => Port, os_pid => OsPid, next => Next}}),
@@ -189,7 +208,7 @@ hand_over(Spare = #{port := Port, os_pid := OsPid, next := Next}, Name, From = {
             %% The spare died under us or the taker is gone: try the next.
             kem_port:close_port(Port, OsPid, now),
             self() ! fill,
-            case take_spare(Name, From, Rest) of
+            case take_spare(Name, G, From, Rest) of
                 {reply, Reply, Next2} -> gen_server:reply(From, Reply), Next2;
                 {noreply, Next2} -> Next2
             end
@@ -197,13 +216,18 @@ hand_over(Spare = #{port := Port, os_pid := OsPid, next := Next}, Name, From = {
 
 serve_takers(State = #{takers := []}) ->
     State;
-serve_takers(State = #{takers := [{Name, From} | Rest], spares := Spares}) ->
-    case best(Spares) of
-        {ok, Spare} -> serve_takers(hand_over(Spare, Name, From, State#{takers := Rest}));
-        starting -> State;
-        none ->
-            [gen_server:reply(F, none) || {_, F} <- [{Name, From} | Rest]],
-            State#{takers := []}
+serve_takers(State = #{takers := Takers}) ->
+    serve_takers(Takers, State#{takers := []}).
+
+%% Each waiting restart in turn, from its own group's spares; one whose
+%% group has only spares still starting waits on.
+serve_takers([], State) ->
+    State;
+serve_takers([Taker = {Name, G, From} | Rest], State = #{spares := Spares, takers := Waiting}) ->
+    case best(G, Spares) of
+        {ok, Spare} -> serve_takers(Rest, hand_over(Spare, Name, From, State));
+        starting -> serve_takers(Rest, State#{takers := Waiting ++ [Taker]});
+        none -> gen_server:reply(From, none), serve_takers(Rest, State)
     end.
 
 release_waiters(Name, State = #{waiters := Waiters}) ->
@@ -213,20 +237,28 @@ release_waiters(Name, State = #{waiters := Waiters}) ->
 
 %%% preparing spares
 
-%% Keep `want' spares, plus one more for each restart already waiting
-%% (several ports killed at once each get theirs, started side by side).
-fill(State = #{want := Want, spares := Spares, takers := Takers})
-  when length(Spares) >= Want + length(Takers) ->
-    State;
-fill(State = #{spares := Spares, shm_dir := ShmDir, env := Env}) ->
-    case kem_port:open_port_process(ShmDir, Env) of
+%% Keep `want' spares per group, plus one more for each restart of that
+%% group already waiting (several ports killed at once each get theirs,
+%% started side by side).
+fill(State = #{groups := Groups}) ->
+    lists:foldl(fun fill/2, State, lists:sort(maps:keys(Groups))).
+
+fill(G, State = #{want := Want, spares := Spares, takers := Takers}) ->
+    Have = length([x || #{group := G1} <- Spares, G1 =:= G]),
+    case Have >= Want + length([x || {_, G1, _} <- Takers, G1 =:= G]) of
+        true -> State;
+        false -> start_spare(G, State)
+    end.
+
+start_spare(G, State = #{spares := Spares, shm_dir := ShmDir, groups := Groups}) ->
+    case kem_port:open_port_process(ShmDir, maps:get(G, Groups)) of
         {ok, Port, OsPid} ->
             %% The owner's handshake (kem_port): ping, then version, ReqId 0.
             true = port_command(Port, term_to_binary({call, 0, ping, {}})),
             true = port_command(Port, term_to_binary({call, 0, version, {}})),
             TRef = erlang:send_after(start_timeout(), self(), {spare_timeout, Port}),
-            Spare = #{port => Port, os_pid => OsPid, next => 1, stage => starting, tref => TRef},
-            fill(State#{spares := Spares ++ [Spare]});
+            Spare = #{port => Port, os_pid => OsPid, next => 1, stage => starting, tref => TRef, group => G},
+            fill(G, State#{spares := Spares ++ [Spare]});
         {error, Reason} ->
             logger:warning("kem_spare: cannot start a spare port: ~0p; retrying in ~b ms", [Reason, ?RETRY_MS]),
             erlang:send_after(?RETRY_MS, self(), fill),

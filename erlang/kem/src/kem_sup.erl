@@ -43,11 +43,11 @@ init([]) ->
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
     %% After the ports: at first start they open their own; the spare
     %% server then prepares spares for later restarts (kem_spare).
-    %% Spares are opened with the first group's environment (its adapter):
-    %% only that group's ports take them; other groups open their own.
-    Spare = [#{id => kem_spare, start => {kem_spare, start_link, [dir_or_undefined(ShmDir), SpareEnv]},
+    %% Each group gets its own `spares' spares, opened with its environment
+    %% (its adapter): only that group's ports take them.
+    Spare = [#{id => kem_spare, start => {kem_spare, start_link, [dir_or_undefined(ShmDir), kem_place:group_envs()]},
                restart => permanent, shutdown => 5000, type => worker,
-               modules => [kem_spare]} || {_, SpareEnv} <- lists:sublist(Specs, 1)],
+               modules => [kem_spare]} || Specs =/= []],
     %% Generous intensity: a kill or a runaway kernel restarts one port, and
     %% tests provoke several in a row; the app should not give up on that.
     %% The cluster's children last: a node serves others once its ports answer.

@@ -25,6 +25,7 @@ spare_test_() ->
       {timeout, 120, fun warm_restart_figures/0},
       {timeout, 60, fun idle_spare_cost/0},
       {timeout, 120, fun a_spare_that_dies_is_replaced/0},
+      {timeout, 120, fun a_killed_port_leaves_no_process_nor_file/0},
       {timeout, 60, fun app_stop_leaves_no_process_behind/0}]}.
 
 no_spare_test_() ->
@@ -184,6 +185,36 @@ a_spare_that_dies_is_replaced() ->
     _ = first_success(kem_port_2, now_ms() + 20000),
     ?assertEqual(New, kem_port:os_pid(kem_port_2)).
 
+%% The owner acts on the end of file (kem_port), before the process is
+%% reaped: still, once every caller has its answer, the killed process is
+%% reaped (no zombie, no orphan) and no payload file is left in the
+%% shared-memory directory. 1 MiB inputs go through it (shm_threshold).
+a_killed_port_leaves_no_process_nor_file() ->
+    _ = ready_spare(),
+    OsPid = kem_port:os_pid(kem_port_1),
+    Dir = kem_shm_dir:path(),
+    ?assert(is_list(Dir) orelse is_binary(Dir)),
+    Parent = self(),
+    [spawn(fun() -> kem_port:call(P, test_hook, {sleep_gpu, 1500}, 30000) end) || P <- kem_sup:port_names()],
+    ok = all_reached(kem_port_1, 1, now_ms() + 5000),
+    Callers = [spawn_link(fun() ->
+                   Input = crypto:strong_rand_bytes(1 bsl 20),
+                   Result = kem:execute(<<"double">>, Input, #{timeout => 30000}),
+                   Parent ! {self(), case Result of
+                                         {ok, Out} -> Out =:= kem_ref:double_ref(Input, 1 bsl 20);
+                                         {error, {Reason, Detail}} -> is_atom(Reason) andalso is_binary(Detail)
+                                     end}
+               end) || _ <- lists:seq(1, 8)],
+    ok = all_reached(kem_port_1, 2, now_ms() + 20000),  % some of them wait in port 1
+    os:cmd("kill -9 " ++ integer_to_list(OsPid)),
+    Answers = [receive {C, Fine} -> Fine after 30000 -> no_reply end || C <- Callers],
+    Reaped = wait_reaped(OsPid, now_ms() + 10000),
+    Left = wait_no_files(Dir, now_ms() + 10000),
+    io:format(user, "~nkilled port: 8 callers answered ~0p; process reaped (not a zombie) ~b ms after the "
+                    "kill; payload files left: ~0p~n", [Answers, Reaped, Left]),
+    ?assertEqual(lists:duplicate(8, true), Answers),
+    ?assertEqual([], Left).
+
 %% Stopping the app ends every Python process: ports and spares.
 app_stop_leaves_no_process_behind() ->
     Spare = ready_spare(),
@@ -265,6 +296,33 @@ wait_gone(OsPid, Deadline) ->
             ?assert(now_ms() < Deadline),
             timer:sleep(5),
             wait_gone(OsPid, Deadline)
+    end.
+
+%% When /proc has no entry for the process any more (a zombie still has one).
+wait_reaped(OsPid, Deadline) ->
+    Start = now_ms(),
+    wait_reaped(OsPid, Start, Deadline).
+
+wait_reaped(OsPid, Start, Deadline) ->
+    case filelib:is_dir("/proc/" ++ integer_to_list(OsPid)) of
+        false -> now_ms() - Start;
+        true ->
+            ?assert(now_ms() < Deadline),
+            timer:sleep(5),
+            wait_reaped(OsPid, Start, Deadline)
+    end.
+
+%% The payload files in the shared-memory directory (its `owner' marker
+%% aside), once there are none or the deadline passed.
+wait_no_files(Dir, Deadline) ->
+    {ok, Names} = file:list_dir(Dir),
+    case [N || N <- Names, N =/= "owner"] of
+        [] -> [];
+        Left ->
+            case now_ms() < Deadline of
+                true -> timer:sleep(20), wait_no_files(Dir, Deadline);
+                false -> Left
+            end
     end.
 
 zombie(OsPid) ->
