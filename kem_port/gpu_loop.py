@@ -98,7 +98,7 @@ class GpuLoop:
         try:
             if not self.queue.empty():
                 return False
-            self._land(self._step(None, [job]))
+            self._land(self._step(None, [job], lone=True))
             return True
         finally:
             self._executor_lock.release()
@@ -183,10 +183,10 @@ class GpuLoop:
             total += item.call.batch_bytes
         return batch, None
 
-    def _step(self, flight: Flight | None, batch: list[Job]) -> Flight | None:
+    def _step(self, flight: Flight | None, batch: list[Job], lone: bool = False) -> Flight | None:
         try:
             with self._gathered():
-                return self.executor.step(flight, batch)
+                return self.executor.step(flight, batch, lone)
         except Exception as exc:  # a bug must not kill the GPU thread or leave a caller waiting
             log.exception("executor failed")
             error = KemError("internal", f"{type(exc).__name__}: {exc}")

@@ -117,3 +117,27 @@ def test_a_batch_that_fails_as_a_whole_is_retried_call_by_call(executor, rng):
     assert "binding" in str(answers.got[2][0]).lower(), answers.got[2][0]
     assert answers.got[3] == [data[3]]
     assert answers.got[4] == [reference.double(data[4], 256)]
+
+
+@pytest.mark.parametrize("words", [1, 7, 1000])
+def test_a_lone_call_waits_with_the_lone_spin_and_matches_numpy(rng, words):
+    """A call the reader runs alone (gpu_loop.run_inline) spins before its
+    blocking wait even on a CPU adapter, where batches do not; an explicit
+    KEM_POLL_SPIN_US sets both."""
+    ex = Executor(Config(), Stats())
+    ex.open()
+    cpu = ex.info["adapter_type"] == "CPU"
+    assert ex.gpu.lone_spin_s == (0.0005 if cpu else 0.002)
+    assert ex.spin_s == (0.0 if cpu else 0.002)
+    answers = Answers()
+    data = rng.integers(0, 2**32, words, dtype=np.uint32).tobytes()
+    flight = ex.step(None, [answers.job(0, KernelCall("double", data, len(data)))], lone=True)
+    assert flight is not None and flight.spin_s == ex.gpu.lone_spin_s
+    assert ex.step(flight, []) is None
+    assert answers.got[0] == [(np.frombuffer(data, dtype=np.uint32) * 2).astype(np.uint32).tobytes()]
+    batch = ex.step(None, [answers.job(1, KernelCall("double", data, len(data)))])
+    assert batch is not None and batch.spin_s == ex.spin_s
+    assert ex.step(batch, []) is None and answers.got[1] == answers.got[0]
+    explicit = Executor(Config(poll_spin_us=123), Stats())
+    explicit.open()
+    assert explicit.gpu.lone_spin_s == explicit.spin_s == 123e-6

@@ -47,6 +47,7 @@ class Flight:
     commands: wgpu.GPUCommandBuffer | None = None  # until submitted
     mapped: object = None  # the staging map's promise, once submitted
     index: int | None = None  # its submission index, where the path has one
+    spin_s: float = 0.0  # how long its wait spins before blocking (gpu/device.py)
     spent: float = 0.0  # seconds spent on it in all stages, waiting included
 
     @property
@@ -79,8 +80,9 @@ class Stages:
         self.pipelines = pipelines
         self.stats = stats
 
-    def encode(self, items: list[Prepared]) -> Flight:
-        """Buffers, upload and commands for one batch, not yet submitted."""
+    def encode(self, items: list[Prepared], lone: bool = False) -> Flight:
+        """Buffers, upload and commands for one batch, not yet submitted.
+        A lone call (one the reader runs inline) waits with the lone spin."""
         device = self.device.require()
         pool = self.device.pool
         assert pool is not None
@@ -92,6 +94,7 @@ class Stages:
             self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
         )
         flight = Flight(items, device, pool, self.device.hot)
+        flight.spin_s = self.device.lone_spin_s if lone else self.device.spin_s
         try:
             self._record(flight, plan)
         except BaseException:
@@ -168,7 +171,7 @@ class Stages:
     def wait(self, flight: Flight) -> None:
         """Block until the batch is done and its staging mapped."""
         started = time.perf_counter()
-        flight.hot.wait(flight.mapped, self.device.spin_s, flight.index)
+        flight.hot.wait(flight.mapped, flight.spin_s, flight.index)
         self._stage_done(flight, "gpu_wait", started)
 
     def read(self, flight: Flight) -> list[tuple[Job, bytes]]:

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""One lone small call in-process, stage by stage: kem's executor (the path
+a call the reader runs inline takes: Executor.step, then landing) against
+the bare native calls of the same call made through gpu/native.py with
+everything built once (the floor kem's own code can reach).
+
+Each call doubles a fresh random 4-byte input with the packaged ``double``
+kernel and is checked against numpy. Interleaved, so drift in the machine's
+load hits both alike. Prints one JSON line per path: per-stage medians
+(executor stages from its own stats timers), p50/p99 of the total, and with
+``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail.
+
+``--spins 0,2000`` runs the executor once per spin budget (µs of
+non-blocking polls before a blocking wait), interleaved in one process, to
+compare waits under the same load.
+
+Usage: scripts/bench_lone.py [--iterations N] [--spin-us N] [--spins A,B,...] [--gc-freeze]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import wgpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kem_port.config import Config  # noqa: E402
+from kem_port.gpu.calls import Job, KernelCall  # noqa: E402
+from kem_port.gpu.executor import Executor  # noqa: E402
+from kem_port.kernel_store import default_stores  # noqa: E402
+from kem_port.stats import Stats  # noqa: E402
+
+EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
+U = wgpu.BufferUsage
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+class KemLone:
+    """Lone calls through the executor, as gpu_loop.run_inline makes them."""
+
+    def __init__(self, spin_us: int | None) -> None:
+        self.stats = Stats()
+        self.executor = Executor(Config(poll_spin_us=spin_us), self.stats)
+        self.executor.open()
+        self.source = default_stores(None)[0].lookup("double")
+        self.stages: dict[str, list[float]] = {s: [] for s in EXECUTOR_STAGES}
+
+    def call(self, data: bytes, spin_s: float | None = None) -> tuple[float, bytes]:
+        if spin_s is not None:
+            self.executor.gpu.lone_spin_s = spin_s
+        got: list = []
+        job = Job(KernelCall("double", data, len(data)), self.source, reply=lambda v: got.append(bytes(v)), fail=got.append)
+        before = dict(self.stats._seconds)
+        started = time.perf_counter()
+        flight = self.executor.step(None, [job], lone=True)
+        if flight is not None:
+            self.executor.step(flight, [])
+        elapsed = time.perf_counter() - started
+        for stage in EXECUTOR_STAGES:
+            self.stages[stage].append(self.stats._seconds[stage] - before.get(stage, 0.0))
+        return elapsed, got[0]
+
+
+class BareLone:
+    """The same call on gpu/native.py with buffers, bind group and pipeline
+    made once: write, encode (clear, pass, dispatch, copy), submit, map, wait, read."""
+
+    def __init__(self, kem: KemLone) -> None:
+        self.ex = kem.executor
+        device = self.ex.gpu.require()
+        self.hot = self.ex.gpu.hot
+        call = KernelCall("double", b"\0" * 4, 4)
+        self.pipeline = self.ex.pipelines.get(device, kem.source, call)
+        pool = self.ex.gpu.pool
+        self.input, self.output, self.staging = pool.take("input", 256), pool.take("output", 256), pool.take("staging", 256)
+        self.group = self.ex.pipelines.bind_group(device, self.pipeline, (self.input, 0, 4), (self.output, 0, 4), None)
+        self.spin_s = self.ex.gpu.lone_spin_s
+        self.stages: dict[str, list[float]] = {s: [] for s in ("write", "encode", "submit", "wait", "read")}
+
+    def call(self, data: bytes) -> tuple[float, bytes]:
+        t = time.perf_counter
+        hot = self.hot
+        t0 = t()
+        hot.write(self.input, 0, data)
+        t1 = t()
+        encoder = hot.encoder()
+        encoder.clear_buffer(self.output, 0, 256)
+        encoder.begin_pass()
+        encoder.set_pipeline(self.pipeline.pipeline)
+        encoder.set_bind_group(self.group)
+        encoder.dispatch(1)
+        encoder.end_pass()
+        encoder.copy(self.output, 0, self.staging, 0, 256)
+        commands = encoder.finish()
+        t2 = t()
+        index = hot.submit(commands)
+        mapping = hot.map_read(self.staging, 0, 256)
+        t3 = t()
+        hot.wait(mapping, self.spin_s, index)
+        t4 = t()
+        out = bytes(hot.mapped(self.staging, 0, 256)[:4])
+        hot.unmap(self.staging)
+        t5 = t()
+        for name, a, b in (("write", t0, t1), ("encode", t1, t2), ("submit", t2, t3), ("wait", t3, t4), ("read", t4, t5)):
+            self.stages[name].append(b - a)
+        return t5 - t0, out
+
+
+def summary(name: str, totals: list[float], stages: dict[str, list[float]], extra: dict) -> dict:
+    result = {"path": name, **extra, "calls": len(totals)}
+    for stage, values in stages.items():
+        result[f"{stage}_p50_us"] = round(statistics.median(values) * 1e6, 1)
+    result["total_p50_us"] = round(statistics.median(totals) * 1e6, 1)
+    result["total_p99_us"] = round(percentile(totals, 0.99) * 1e6, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--spin-us", type=int, default=None, help="KEM_POLL_SPIN_US; default: kem's lone-call spin by adapter (500 on CPU, 2000 on GPUs)")
+    parser.add_argument("--spins", default="", help="comma-separated spin budgets (µs) for the executor, interleaved")
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after warm-up (as the port does at start)")
+    args = parser.parse_args()
+    kem = KemLone(args.spin_us)
+    bare = BareLone(kem)
+    spins = [int(v) for v in args.spins.split(",") if v.strip()]
+    paths: dict = {"kem executor": kem, "bare native": bare}
+    if spins:
+        paths = {f"kem executor spin {v} us": (kem, v / 1e6) for v in spins} | {"bare native": bare}
+    totals: dict[str, list[float]] = {name: [] for name in paths}
+    rng = np.random.default_rng()
+    warmup = max(args.iterations // 10, 50)
+    for n in range(warmup + args.iterations):
+        if n == warmup:
+            for path in (kem, bare):
+                for values in path.stages.values():
+                    values.clear()
+            if args.gc_freeze:
+                gc.collect()
+                gc.freeze()
+        data = rng.integers(0, 2**31, 1, dtype=np.uint32).tobytes()
+        want = (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
+        for name, path in paths.items():
+            elapsed, got = path[0].call(data, path[1]) if isinstance(path, tuple) else path.call(data)
+            if got != want:
+                raise SystemExit(f"{name}: wrong result {got!r} for {data!r}")
+            if n >= warmup:
+                totals[name].append(elapsed)
+    extra = {
+        "adapter": kem.executor.info.get("name", "?"), "hot_path": kem.executor.info.get("hot_path"),
+        "spin_us": round(kem.executor.gpu.lone_spin_s * 1e6), "gc_freeze": args.gc_freeze,
+    }
+    for name, path in paths.items():
+        stages = {} if isinstance(path, tuple) else path.stages  # stage timers are shared when interleaving spins
+        print(json.dumps(summary(name, totals[name], stages, extra)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
