@@ -141,3 +141,19 @@ def test_a_lone_call_waits_with_the_lone_spin_and_matches_numpy(rng, words):
     explicit = Executor(Config(poll_spin_us=123), Stats())
     explicit.open()
     assert explicit.gpu.lone_spin_s == explicit.spin_s == 123e-6
+
+
+@pytest.mark.parametrize("size", [4096, 64 * 1024, 64 * 1024 + 256, 300_000])
+def test_a_pooled_output_is_zeroed_on_both_sides_of_the_zero_write_limit(executor, rng, size):
+    """Outputs up to batch.ZERO_WRITE_LIMIT are zeroed by a queue write,
+    larger ones by a clear: either way a kernel that writes only its first
+    256 words (one workgroup) leaves zeros, not an earlier caller's bytes."""
+    from kem_port.gpu.batch import ZERO_WRITE_LIMIT
+
+    assert ZERO_WRITE_LIMIT == 64 * 1024
+    answers = Answers()
+    secret = rng.integers(1, 256, size, dtype=np.uint8).tobytes()
+    executor.run([answers.job(0, KernelCall("double", secret, size))])
+    assert answers.got[0] == [reference.double(secret, size)]
+    executor.run([answers.job(1, KernelCall("double", bytes(size), size, workgroups=(1, 1, 1)))])
+    assert answers.got[1] == [bytes(size)]

@@ -30,6 +30,14 @@ from kem_port.gpu.contract import align
 from kem_port.stats import Stats
 
 SMALL_RESULT = 64 * 1024  # copied out of the mapped buffer; larger ones are written from it
+# Outputs up to this size are zeroed by a queue write rather than a clear
+# command: the write rides in the queue's pending writes that the input's
+# upload already makes, where the clear adds a command and its barriers. On
+# lavapipe, one process, interleaved, two runs each: a lone 4-byte call on
+# the bare C API 63 -> 57 us p50, through the executor 130 -> 127 and
+# 144 -> 141 us. Larger outputs are cleared on the GPU (no host zeros to copy).
+ZERO_WRITE_LIMIT = 64 * 1024
+_ZEROS = memoryview(bytes(ZERO_WRITE_LIMIT))
 
 
 @dataclass
@@ -122,7 +130,10 @@ class Stages:
                 encoder.copy(upload, 0, in_buf, offset, size)
             # Pooled buffers hold earlier callers' bytes: clear what this
             # batch binds, so a kernel that skips elements returns zeros.
-            encoder.clear_buffer(out_buf, 0, plan.out_total)
+            if plan.out_total <= ZERO_WRITE_LIMIT:
+                flight.hot.write(out_buf, 0, _ZEROS[: plan.out_total])
+            else:
+                encoder.clear_buffer(out_buf, 0, plan.out_total)
             encoder.begin_pass(timing.query_set if timing else None)
             current = None
             for item in plan.plain:
