@@ -10,11 +10,17 @@ load hits both alike. Prints one JSON line per path: per-stage medians
 (executor stages from its own stats timers), p50/p99 of the total, and with
 ``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail.
 
+``--router`` adds the whole port around the same call, in this process: a
+real Router (decode, checks, intake, the reader's inline run, the reply
+encoded and written by a FrameWriter to /dev/null), fed execute_kernel
+frames as the node sends them, so what the port adds around the executor
+shows without the pipe and Erlang.
+
 ``--spins 0,2000`` runs the executor once per spin budget (µs of
 non-blocking polls before a blocking wait), interleaved in one process, to
 compare waits under the same load.
 
-Usage: scripts/bench_lone.py [--iterations N] [--spin-us N] [--spins A,B,...] [--gc-freeze]
+Usage: scripts/bench_lone.py [--iterations N] [--spin-us N] [--spins A,B,...] [--router] [--gc-freeze]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -31,10 +38,14 @@ import numpy as np
 import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kem_port import terms  # noqa: E402
+from kem_port.admission.guard import guard_from_config  # noqa: E402
 from kem_port.config import Config  # noqa: E402
+from kem_port.framing import FrameWriter  # noqa: E402
 from kem_port.gpu.calls import Job, KernelCall  # noqa: E402
 from kem_port.gpu.executor import Executor  # noqa: E402
-from kem_port.kernel_store import default_stores  # noqa: E402
+from kem_port.kernel_store import KernelResolver, default_stores  # noqa: E402
+from kem_port.router import Router  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
 EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
@@ -117,6 +128,47 @@ class BareLone:
         return t5 - t0, out
 
 
+class RouterLone:
+    """The same call as a frame through a real Router on kem's executor,
+    with nothing else waiting (so the reader runs it inline, as in the port)."""
+
+    def __init__(self, kem: KemLone) -> None:
+        self.kem = kem
+        config = kem.executor.gpu.config
+        self.sink = os.open(os.devnull, os.O_WRONLY)
+        resolver = KernelResolver(default_stores(config.kernel_dir), None)
+        self.router = Router(config, kem.stats, kem.executor, resolver, FrameWriter(self.sink), lambda: False,
+                             guard_from_config(config, kem.stats))
+        self.router.start()
+        self.stages: dict[str, list[float]] = {}
+        self.ids = 0
+        # The first call is admitted and compiled off the reader, then runs
+        # on the GPU thread; wait until that thread is idle again, since the
+        # other rows drive the same executor from this thread.
+        self.router.handle_frame(self.frame(b"\0" * 4))
+        deadline = time.monotonic() + 60
+        while kem.stats.count("batches") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+
+    def frame(self, data: bytes) -> bytes:
+        self.ids += 1
+        args = tuple(terms.to_term(a) for a in (b"double", data, 1))
+        return terms.encode((terms.atom("call"), self.ids, terms.atom("execute_kernel"), args, 60000))
+
+    def call(self, data: bytes) -> tuple[float, bytes]:
+        frame = self.frame(data)
+        inline = self.kem.stats.count("inline_calls")
+        started = time.perf_counter()
+        self.router.handle_frame(frame)
+        elapsed = time.perf_counter() - started
+        if self.kem.stats.count("inline_calls") != inline + 1:
+            raise SystemExit("the router did not run the call inline")
+        # The reply went to /dev/null; the executor's own path is checked
+        # against numpy by the other rows with the same inputs.
+        return elapsed, (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
+
+
 def summary(name: str, totals: list[float], stages: dict[str, list[float]], extra: dict) -> dict:
     result = {"path": name, **extra, "calls": len(totals)}
     for stage, values in stages.items():
@@ -131,6 +183,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--spin-us", type=int, default=None, help="KEM_POLL_SPIN_US; default: kem's lone-call spin by adapter (500 on CPU, 2000 on GPUs)")
     parser.add_argument("--spins", default="", help="comma-separated spin budgets (µs) for the executor, interleaved")
+    parser.add_argument("--router", action="store_true", help="add the whole port around the call (a real Router, replies to /dev/null)")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after warm-up (as the port does at start)")
     args = parser.parse_args()
     kem = KemLone(args.spin_us)
@@ -139,13 +192,15 @@ def main() -> None:
     paths: dict = {"kem executor": kem, "bare native": bare}
     if spins:
         paths = {f"kem executor spin {v} us": (kem, v / 1e6) for v in spins} | {"bare native": bare}
+    if args.router:
+        paths["port in-process (router)"] = RouterLone(kem)
     totals: dict[str, list[float]] = {name: [] for name in paths}
     rng = np.random.default_rng()
     warmup = max(args.iterations // 10, 50)
     for n in range(warmup + args.iterations):
         if n == warmup:
-            for path in (kem, bare):
-                for values in path.stages.values():
+            for path in paths.values():
+                for values in getattr(path, "stages", {}).values():
                     values.clear()
             if args.gc_freeze:
                 gc.collect()
