@@ -173,6 +173,8 @@ def summary(name: str, totals: list[float], stages: dict[str, list[float]], extr
     result = {"path": name, **extra, "calls": len(totals)}
     for stage, values in stages.items():
         result[f"{stage}_p50_us"] = round(statistics.median(values) * 1e6, 1)
+    for stage, values in stages.items():  # which stage makes the tail
+        result[f"{stage}_p99_us"] = round(percentile(values, 0.99) * 1e6, 1)
     result["total_p50_us"] = round(statistics.median(totals) * 1e6, 1)
     result["total_p99_us"] = round(percentile(totals, 0.99) * 1e6, 1)
     return result
@@ -199,6 +201,7 @@ def main() -> None:
     warmup = max(args.iterations // 10, 50)
     for n in range(warmup + args.iterations):
         if n == warmup:
+            blocked_before = kem.stats.count("gpu_waits_blocked")
             for path in paths.values():
                 for values in getattr(path, "stages", {}).values():
                     values.clear()
@@ -216,6 +219,8 @@ def main() -> None:
     extra = {
         "adapter": kem.executor.info.get("name", "?"), "hot_path": kem.executor.info.get("hot_path"),
         "spin_us": round(kem.executor.gpu.lone_spin_s * 1e6), "gc_freeze": args.gc_freeze,
+        # kem's calls (all rows that use its executor) whose wait ended in a blocking poll
+        "kem_waits_blocked": kem.stats.count("gpu_waits_blocked") - blocked_before,
     }
     for name, path in paths.items():
         stages = {} if isinstance(path, tuple) else path.stages  # stage timers are shared when interleaving spins

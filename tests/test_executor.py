@@ -157,3 +157,16 @@ def test_a_pooled_output_is_zeroed_on_both_sides_of_the_zero_write_limit(executo
     assert answers.got[0] == [reference.double(secret, size)]
     executor.run([answers.job(1, KernelCall("double", bytes(size), size, workgroups=(1, 1, 1)))])
     assert answers.got[1] == [bytes(size)]
+
+
+def test_a_wait_that_ends_in_a_blocking_poll_is_counted(executor, rng):
+    """gpu_waits_blocked counts batches whose wait had to block: every one
+    without a spin (a map completes only in a poll), at most every one with."""
+    answers = Answers()
+    before = executor.stats.count("gpu_waits_blocked")
+    for key in range(3):
+        data = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+        executor.run([answers.job(key, KernelCall("double", data, 64))])
+        assert answers.got[key] == [reference.double(data, 64)]
+    blocked = executor.stats.count("gpu_waits_blocked") - before
+    assert blocked == 3 if executor.spin_s == 0 else 0 <= blocked <= 3

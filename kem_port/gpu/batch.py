@@ -182,7 +182,11 @@ class Stages:
     def wait(self, flight: Flight) -> None:
         """Block until the batch is done and its staging mapped."""
         started = time.perf_counter()
-        flight.hot.wait(flight.mapped, flight.spin_s, flight.index)
+        if flight.hot.wait(flight.mapped, flight.spin_s, flight.index):
+            # The spin gave up (or there was none): on NVIDIA a blocking
+            # poll can return ~10 ms late, so this count is the first
+            # suspect of a latency tail (docs/executor.md).
+            self.stats.inc("gpu_waits_blocked")
         self._stage_done(flight, "gpu_wait", started)
 
     def read(self, flight: Flight) -> list[tuple[Job, bytes]]:

@@ -222,17 +222,19 @@ class NativePath:
             self._index[0] = index
             self.lib.wgpuDevicePoll(self.device_handle, block, self._index)
 
-    def wait(self, mapping: NativeMap, spin_s: float, index: int | None = None) -> None:
+    def wait(self, mapping: NativeMap, spin_s: float, index: int | None = None) -> bool:
         """Spin on non-blocking polls for up to spin_s, then block until the
-        map is done (docs/executor.md, "Waiting for the GPU"). Raises
-        wgpu.GPUError if the map failed."""
+        map is done (docs/executor.md, "Waiting for the GPU"). Returns
+        whether it had to block; raises wgpu.GPUError if the map failed."""
         if mapping.status == 0 and spin_s > 0:
             self._spin(mapping, spin_s)
+        blocked = mapping.pending
         while mapping.pending:
             self.poll(True, index)
             index = None  # the submission is done; a further wait is for the map alone
         if mapping.status != self._success:
             raise wgpu.GPUError(f"map failed (status {mapping.status}): {mapping.message or 'no detail'}")
+        return blocked
 
     def _spin(self, mapping: NativeMap, spin_s: float) -> None:
         """Non-blocking polls until the map is done or spin_s has passed.
