@@ -16,21 +16,35 @@ encoded and written by a FrameWriter to /dev/null), fed execute_kernel
 frames as the node sends them, so what the port adds around the executor
 shows without the pipe and Erlang.
 
+``--against REV`` adds the executor of another revision (``main``, a
+commit) in the same process, interleaved: its ``kem_port`` is exported with
+``git archive`` into a temporary directory as a package of another name, so
+both versions run side by side on the same adapter and load. On a shared
+machine whose load swings ±50% between runs, that is the only fair
+before/after.
+
 ``--spins 0,2000`` runs the executor once per spin budget (µs of
 non-blocking polls before a blocking wait), interleaved in one process, to
 compare waits under the same load.
 
-Usage: scripts/bench_lone.py [--iterations N] [--spin-us N] [--spins A,B,...] [--router] [--gc-freeze]
+Usage: scripts/bench_lone.py [--iterations N] [--spin-us N] [--spins A,B,...] [--router] [--against REV] [--gc-freeze]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
+import inspect
+import io
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +62,7 @@ from kem_port.kernel_store import KernelResolver, default_stores  # noqa: E402
 from kem_port.router import Router  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
 U = wgpu.BufferUsage
 
@@ -169,6 +184,44 @@ class RouterLone:
         return elapsed, (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
 
 
+class AgainstLone:
+    """The same lone call through another revision's executor, imported
+    from a renamed copy of its kem_port (``kem_against``)."""
+
+    def __init__(self, rev: str, spin_us: int | None) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="kem-against-")
+        package = Path(self.tmp.name) / "kem_against"
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kem_port"],
+                                 check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(self.tmp.name, filter="data")
+        (Path(self.tmp.name) / "kem_port").rename(package)
+        for source in package.rglob("*.py"):
+            source.write_text(re.sub(r"\bkem_port\b", "kem_against", source.read_text()))
+        sys.path.insert(0, self.tmp.name)
+        load = lambda name: importlib.import_module(f"kem_against.{name}")  # noqa: E731
+        config, stats, executor, calls = load("config"), load("stats"), load("gpu.executor"), load("gpu.calls")
+        self.calls = calls
+        self.executor = executor.Executor(config.Config(poll_spin_us=spin_us), stats.Stats())
+        self.executor.open()
+        self.source = load("kernel_store").default_stores(None)[0].lookup("double")
+        self.stages: dict[str, list[float]] = {}
+        self.lone_kwarg = "lone" in inspect.signature(self.executor.step).parameters
+
+    def call(self, data: bytes) -> tuple[float, bytes]:
+        got: list = []
+        job = self.calls.Job(self.calls.KernelCall("double", data, len(data)), self.source,
+                             reply=lambda v: got.append(bytes(v)), fail=got.append)
+        started = time.perf_counter()
+        if self.lone_kwarg:
+            flight = self.executor.step(None, [job], lone=True)
+        else:  # a revision before lone calls had their own wait
+            flight = self.executor.step(None, [job])
+        if flight is not None:
+            self.executor.step(flight, [])
+        return time.perf_counter() - started, got[0]
+
+
 def summary(name: str, totals: list[float], stages: dict[str, list[float]], extra: dict) -> dict:
     result = {"path": name, **extra, "calls": len(totals)}
     for stage, values in stages.items():
@@ -183,9 +236,10 @@ def summary(name: str, totals: list[float], stages: dict[str, list[float]], extr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--spin-us", type=int, default=None, help="KEM_POLL_SPIN_US; default: kem's lone-call spin by adapter (500 on CPU, 2000 on GPUs)")
+    parser.add_argument("--spin-us", type=int, default=None, help="KEM_POLL_SPIN_US; default: kem's lone-call spin by adapter (100 on CPU, 2000 on GPUs)")
     parser.add_argument("--spins", default="", help="comma-separated spin budgets (µs) for the executor, interleaved")
     parser.add_argument("--router", action="store_true", help="add the whole port around the call (a real Router, replies to /dev/null)")
+    parser.add_argument("--against", default="", help="a git revision whose executor runs interleaved (before/after)")
     parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after warm-up (as the port does at start)")
     args = parser.parse_args()
     kem = KemLone(args.spin_us)
@@ -196,6 +250,8 @@ def main() -> None:
         paths = {f"kem executor spin {v} us": (kem, v / 1e6) for v in spins} | {"bare native": bare}
     if args.router:
         paths["port in-process (router)"] = RouterLone(kem)
+    if args.against:
+        paths[f"executor at {args.against}"] = AgainstLone(args.against, args.spin_us)
     totals: dict[str, list[float]] = {name: [] for name in paths}
     rng = np.random.default_rng()
     warmup = max(args.iterations // 10, 50)

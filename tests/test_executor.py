@@ -127,7 +127,7 @@ def test_a_lone_call_waits_with_the_lone_spin_and_matches_numpy(rng, words):
     ex = Executor(Config(), Stats())
     ex.open()
     cpu = ex.info["adapter_type"] == "CPU"
-    assert ex.gpu.lone_spin_s == (0.0005 if cpu else 0.002)
+    assert ex.gpu.lone_spin_s == (0.0001 if cpu else 0.002)
     assert ex.spin_s == (0.0 if cpu else 0.002)
     answers = Answers()
     data = rng.integers(0, 2**32, words, dtype=np.uint32).tobytes()

@@ -5,8 +5,8 @@ The native calls go through the device's hot path (gpu/hot_path.py:
 wgpu-native's C API, or wgpu-py's objects as the fallback). Through
 wgpu-py's objects a native call cost ~20 us here, more than a small
 kernel, so a batch is laid out to need few of them: all inputs in one
-buffer (one upload for the small ones), all outputs in one buffer (one
-clear, one copy to staging), params in one uniform buffer, every dispatch
+buffer (one upload for the small ones), all outputs in one buffer (zeroed
+once, one copy to staging), params in one uniform buffer, every dispatch
 in one compute pass. Per call that leaves a bind group (cached),
 set_bind_group and dispatch.
 """

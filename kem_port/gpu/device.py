@@ -26,12 +26,13 @@ STAGING_ALIGN = 256
 DEFAULT_SPIN_S = 0.002  # well under the ~10 ms a late blocking wait costs
 # A lone call on a CPU adapter spins this long before blocking: its wait is
 # the one thing the port does then, and lavapipe's blocking wait costs a
-# wake-up. In one process on the 2-core dev machine (scripts/bench_lone.py
-# --spins 0,100,200,500,2000, interleaved, two runs) a lone 4-byte call took
-# p50/p99 191/320 and 196/297 us without a spin, 146/245 and 148/231 with
-# 500 us, 144/248 and 146/237 with 2 ms; 2 ms gave a 2.2 ms p99 in a run
-# under other load (the spin then starves the driver's threads), 500 us not.
-LONE_SPIN_CPU_S = 0.0005
+# wake-up; but a spin that outlasts the work takes a core from lavapipe's
+# own threads. One process on the 2-core dev machine, interleaved against
+# main's code (p50/p99 us, two runs): main 114/286 and 187/333; no spin
+# 105/267 and 174/308; 100 us 101/288 and 148/333; 200 us 100/408 and
+# 147/411; 500 us 104/733 and 150/709 (the spin starves the driver when the
+# machine is loaded). 100 us keeps the p50 gain and the tail.
+LONE_SPIN_CPU_S = 0.0001
 LIMITS = (
     "max-storage-buffer-binding-size",
     "max-buffer-size",
