@@ -63,6 +63,7 @@ from kem_port.router import Router  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+ZEROS = bytes(256)
 EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
 U = wgpu.BufferUsage
 
@@ -100,7 +101,8 @@ class KemLone:
 
 class BareLone:
     """The same call on gpu/native.py with buffers, bind group and pipeline
-    made once: write, encode (clear, pass, dispatch, copy), submit, map, wait, read."""
+    made once: write (input, zeroed output), encode (pass, dispatch, copy),
+    submit, map, wait, read."""
 
     def __init__(self, kem: KemLone) -> None:
         self.ex = kem.executor
@@ -120,8 +122,8 @@ class BareLone:
         t0 = t()
         hot.write(self.input, 0, data)
         t1 = t()
+        hot.write(self.output, 0, ZEROS)  # as kem zeroes a small output (gpu/batch.py)
         encoder = hot.encoder()
-        encoder.clear_buffer(self.output, 0, 256)
         encoder.begin_pass()
         encoder.set_pipeline(self.pipeline.pipeline)
         encoder.set_bind_group(self.group)
@@ -222,6 +224,24 @@ class AgainstLone:
         return time.perf_counter() - started, got[0]
 
 
+class GcWatch:
+    """Collections the garbage collector ran while watched, by generation,
+    with the longest pause: is the tail the collector's?"""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append(time.perf_counter() - self._started)
+
+    def report(self) -> dict:
+        return {f"gen{g}": [len(p), round(max(p, default=0) * 1e6, 1)] for g, p in self.pauses.items()}
+
+
 def summary(name: str, totals: list[float], stages: dict[str, list[float]], extra: dict) -> dict:
     result = {"path": name, **extra, "calls": len(totals)}
     for stage, values in stages.items():
@@ -254,6 +274,7 @@ def main() -> None:
         paths[f"executor at {args.against}"] = AgainstLone(args.against, args.spin_us)
     totals: dict[str, list[float]] = {name: [] for name in paths}
     rng = np.random.default_rng()
+    watch = GcWatch()
     warmup = max(args.iterations // 10, 50)
     for n in range(warmup + args.iterations):
         if n == warmup:
@@ -264,6 +285,7 @@ def main() -> None:
             if args.gc_freeze:
                 gc.collect()
                 gc.freeze()
+            gc.callbacks.append(watch)
         data = rng.integers(0, 2**31, 1, dtype=np.uint32).tobytes()
         want = (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
         for name, path in paths.items():
@@ -272,11 +294,13 @@ def main() -> None:
                 raise SystemExit(f"{name}: wrong result {got!r} for {data!r}")
             if n >= warmup:
                 totals[name].append(elapsed)
+    gc.callbacks.remove(watch)
     extra = {
         "adapter": kem.executor.info.get("name", "?"), "hot_path": kem.executor.info.get("hot_path"),
         "spin_us": round(kem.executor.gpu.lone_spin_s * 1e6), "gc_freeze": args.gc_freeze,
         # kem's calls (all rows that use its executor) whose wait ended in a blocking poll
         "kem_waits_blocked": kem.stats.count("gpu_waits_blocked") - blocked_before,
+        "gc_collections_and_longest_us": watch.report(),  # over the whole measured run, all rows
     }
     for name, path in paths.items():
         stages = {} if isinstance(path, tuple) else path.stages  # stage timers are shared when interleaving spins
