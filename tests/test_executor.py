@@ -170,3 +170,17 @@ def test_a_wait_that_ends_in_a_blocking_poll_is_counted(executor, rng):
         assert answers.got[key] == [reference.double(data, 64)]
     blocked = executor.stats.count("gpu_waits_blocked") - before
     assert blocked == 3 if executor.spin_s == 0 else 0 <= blocked <= 3
+
+
+def test_a_batch_counts_its_bytes_once_per_batch_in_stats(executor, rng):
+    """bytes_in / bytes_out (summed per batch, one stats update each) are the
+    callers' input and output sizes, small results and large alike."""
+    answers = Answers()
+    sizes = [4, 333, 4096, 70_000, 300_001]
+    data = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    before_in, before_out = executor.stats.count("bytes_in"), executor.stats.count("bytes_out")
+    executor.run([answers.job(k, KernelCall("double", d, 2 * len(d))) for k, d in enumerate(data)])
+    for k, d in enumerate(data):
+        assert answers.got[k] == [reference.double(d, 2 * len(d))]
+    assert executor.stats.count("bytes_in") - before_in == sum(sizes)
+    assert executor.stats.count("bytes_out") - before_out == 2 * sum(sizes)

@@ -95,8 +95,8 @@ class Stages:
         pool = self.device.pool
         assert pool is not None
         started = time.perf_counter()
-        for item in items:
-            self.stats.add_time("queue_wait", started - item.job.enqueued)
+        # One stats update for the batch (each takes the stats lock).
+        self.stats.add_time("queue_wait", sum(started - item.job.enqueued for item in items))
         plan = BatchPlan(
             items, self.device.storage_align, self.device.uniform_align,
             self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
@@ -202,16 +202,19 @@ class Stages:
             if size <= SMALL_RESULT:
                 later.append((item.job, bytes(view)))
             else:
-                self.answer(item.job, view)
+                self.stats.inc("bytes_out", size)
+                item.job.answer(view)
         if flight.timing is not None:
             self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
             self.stats.inc("gpu_kernel_samples", len(flight.items))
         flight.hot.unmap(flight.staging)
         return later
 
-    def answer(self, job: Job, view: memoryview) -> None:
-        self.stats.inc("bytes_out", len(view))
-        job.answer(view)
+    def answer_all(self, answers: list[tuple[Job, bytes]]) -> None:
+        """Hand each caller its small result; one stats update for all."""
+        self.stats.inc("bytes_out", sum(len(data) for _, data in answers))
+        for job, data in answers:
+            job.answer(memoryview(data))
 
     def _stage_done(self, flight: Flight, stage: str, started: float) -> None:
         """A stage's time goes to the batch (the batch sizer's cost) and to stats."""

@@ -180,8 +180,7 @@ class Executor:
         # Small results go out last, once this thread's bookkeeping is done:
         # the caller's next request then finds the GPU thread already
         # waiting instead of competing with it for the GIL.
-        for job, data in later:
-            self.stages.answer(job, memoryview(data))
+        self.stages.answer_all(later)
         elapsed = time.perf_counter() - started
         flight.spent += elapsed
         self.stats.add_time("readback", elapsed)
