@@ -193,8 +193,11 @@ class AgainstLone:
     def __init__(self, rev: str, spin_us: int | None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="kem-against-")
         package = Path(self.tmp.name) / "kem_against"
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kem_port"],
-                                 check=True, capture_output=True).stdout
+        try:
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kem_port"],
+                                     check=True, capture_output=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise SystemExit(f"--against {rev}: git archive failed ({exc}); run it in a git checkout that has {rev}")
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(self.tmp.name, filter="data")
         (Path(self.tmp.name) / "kem_port").rename(package)
