@@ -98,7 +98,13 @@ class GpuLoop:
         try:
             if not self.queue.empty():
                 return False
-            self._land(self._step(None, [job]))
+            # One gathered write for both steps (a refusal in the first, the
+            # answer in the landing): one context instead of two per call.
+            with self._gathered():
+                flight = self._step(None, [job], lone=True, gather=False)
+                if flight is not None:
+                    self._step(flight, [], gather=False)
+                    self._learn(flight)
             return True
         finally:
             self._executor_lock.release()
@@ -183,10 +189,14 @@ class GpuLoop:
             total += item.call.batch_bytes
         return batch, None
 
-    def _step(self, flight: Flight | None, batch: list[Job]) -> Flight | None:
+    def _step(self, flight: Flight | None, batch: list[Job], lone: bool = False, gather: bool = True) -> Flight | None:
+        """One Executor.step; its replies go out in one write unless the
+        caller gathers them itself (gather=False)."""
         try:
+            if not gather:
+                return self.executor.step(flight, batch, lone)
             with self._gathered():
-                return self.executor.step(flight, batch)
+                return self.executor.step(flight, batch, lone)
         except Exception as exc:  # a bug must not kill the GPU thread or leave a caller waiting
             log.exception("executor failed")
             error = KemError("internal", f"{type(exc).__name__}: {exc}")

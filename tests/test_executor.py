@@ -117,3 +117,70 @@ def test_a_batch_that_fails_as_a_whole_is_retried_call_by_call(executor, rng):
     assert "binding" in str(answers.got[2][0]).lower(), answers.got[2][0]
     assert answers.got[3] == [data[3]]
     assert answers.got[4] == [reference.double(data[4], 256)]
+
+
+@pytest.mark.parametrize("words", [1, 7, 1000])
+def test_a_lone_call_waits_with_the_lone_spin_and_matches_numpy(rng, words):
+    """A call the reader runs alone (gpu_loop.run_inline) spins before its
+    blocking wait even on a CPU adapter, where batches do not; an explicit
+    KEM_POLL_SPIN_US sets both."""
+    ex = Executor(Config(), Stats())
+    ex.open()
+    cpu = ex.info["adapter_type"] == "CPU"
+    assert ex.gpu.lone_spin_s == (0.0001 if cpu else 0.002)
+    assert ex.spin_s == (0.0 if cpu else 0.002)
+    answers = Answers()
+    data = rng.integers(0, 2**32, words, dtype=np.uint32).tobytes()
+    flight = ex.step(None, [answers.job(0, KernelCall("double", data, len(data)))], lone=True)
+    assert flight is not None and flight.spin_s == ex.gpu.lone_spin_s
+    assert ex.step(flight, []) is None
+    assert answers.got[0] == [(np.frombuffer(data, dtype=np.uint32) * 2).astype(np.uint32).tobytes()]
+    batch = ex.step(None, [answers.job(1, KernelCall("double", data, len(data)))])
+    assert batch is not None and batch.spin_s == ex.spin_s
+    assert ex.step(batch, []) is None and answers.got[1] == answers.got[0]
+    explicit = Executor(Config(poll_spin_us=123), Stats())
+    explicit.open()
+    assert explicit.gpu.lone_spin_s == explicit.spin_s == 123e-6
+
+
+@pytest.mark.parametrize("size", [4096, 64 * 1024, 64 * 1024 + 256, 300_000])
+def test_a_pooled_output_is_zeroed_on_both_sides_of_the_zero_write_limit(executor, rng, size):
+    """Outputs up to batch.ZERO_WRITE_LIMIT are zeroed by a queue write,
+    larger ones by a clear: either way a kernel that writes only its first
+    256 words (one workgroup) leaves zeros, not an earlier caller's bytes."""
+    from kem_port.gpu.batch import ZERO_WRITE_LIMIT
+
+    assert ZERO_WRITE_LIMIT == 64 * 1024
+    answers = Answers()
+    secret = rng.integers(1, 256, size, dtype=np.uint8).tobytes()
+    executor.run([answers.job(0, KernelCall("double", secret, size))])
+    assert answers.got[0] == [reference.double(secret, size)]
+    executor.run([answers.job(1, KernelCall("double", bytes(size), size, workgroups=(1, 1, 1)))])
+    assert answers.got[1] == [bytes(size)]
+
+
+def test_a_wait_that_ends_in_a_blocking_poll_is_counted(executor, rng):
+    """gpu_waits_blocked counts batches whose wait had to block: every one
+    without a spin (a map completes only in a poll), at most every one with."""
+    answers = Answers()
+    before = executor.stats.count("gpu_waits_blocked")
+    for key in range(3):
+        data = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+        executor.run([answers.job(key, KernelCall("double", data, 64))])
+        assert answers.got[key] == [reference.double(data, 64)]
+    blocked = executor.stats.count("gpu_waits_blocked") - before
+    assert blocked == 3 if executor.spin_s == 0 else 0 <= blocked <= 3
+
+
+def test_a_batch_counts_its_bytes_once_per_batch_in_stats(executor, rng):
+    """bytes_in / bytes_out (summed per batch, one stats update each) are the
+    callers' input and output sizes, small results and large alike."""
+    answers = Answers()
+    sizes = [4, 333, 4096, 70_000, 300_001]
+    data = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    before_in, before_out = executor.stats.count("bytes_in"), executor.stats.count("bytes_out")
+    executor.run([answers.job(k, KernelCall("double", d, 2 * len(d))) for k, d in enumerate(data)])
+    for k, d in enumerate(data):
+        assert answers.got[k] == [reference.double(d, 2 * len(d))]
+    assert executor.stats.count("bytes_in") - before_in == sum(sizes)
+    assert executor.stats.count("bytes_out") - before_out == 2 * sum(sizes)

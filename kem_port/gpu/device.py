@@ -24,6 +24,15 @@ log = logging.getLogger("kem_port.gpu.device")
 
 STAGING_ALIGN = 256
 DEFAULT_SPIN_S = 0.002  # well under the ~10 ms a late blocking wait costs
+# A lone call on a CPU adapter spins this long before blocking: its wait is
+# the one thing the port does then, and lavapipe's blocking wait costs a
+# wake-up; but a spin that outlasts the work takes a core from lavapipe's
+# own threads. One process on the 2-core dev machine, interleaved against
+# main's code (p50/p99 us, two runs): main 114/286 and 187/333; no spin
+# 105/267 and 174/308; 100 us 101/288 and 148/333; 200 us 100/408 and
+# 147/411; 500 us 104/733 and 150/709 (the spin starves the driver when the
+# machine is loaded). 100 us keeps the p50 gain and the tail.
+LONE_SPIN_CPU_S = 0.0001
 LIMITS = (
     "max-storage-buffer-binding-size",
     "max-buffer-size",
@@ -75,6 +84,7 @@ class Device:
         self.storage_align = STAGING_ALIGN
         self.uniform_align = STAGING_ALIGN
         self.spin_s = 0.0
+        self.lone_spin_s = 0.0  # for a call the reader runs alone (gpu_loop.run_inline)
         self._hot: hot_path.HotPath | None = None  # the batch's native calls, built on first use
         self.info: dict = {}
 
@@ -85,6 +95,7 @@ class Device:
         wanted = {name: limits[name] for name in LIMITS if name in limits}
         features = ["timestamp-query"] if timing.wanted(self.config.gpu_timing, self.adapter) else []
         self.spin_s = self._spin_budget()
+        self.lone_spin_s = self._lone_spin_budget()
         self.device = self.adapter.request_device_sync(required_limits=wanted, required_features=features, label="kem")
         self.timer = timing.Sampler(self.device if features else None, self.config.gpu_timing)
         max_buffer = int(limits["max-buffer-size"])
@@ -106,6 +117,15 @@ class Device:
         if self.config.poll_spin_us is not None:
             return self.config.poll_spin_us / 1e6
         return 0.0 if self.adapter.info.get("adapter_type") == "CPU" else DEFAULT_SPIN_S
+
+    def _lone_spin_budget(self) -> float:
+        """Seconds a lone call spins: KEM_POLL_SPIN_US where set, else the
+        batches' budget on GPUs and LONE_SPIN_CPU_S on CPU adapters (a lone
+        call's spin competes with no other work of this port)."""
+        assert self.adapter is not None
+        if self.config.poll_spin_us is not None:
+            return self.config.poll_spin_us / 1e6
+        return LONE_SPIN_CPU_S if self.adapter.info.get("adapter_type") == "CPU" else DEFAULT_SPIN_S
 
     def rebuild(self) -> None:
         """After device loss: a new adapter, device and pool."""

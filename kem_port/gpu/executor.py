@@ -91,9 +91,11 @@ class Executor:
         while flight is not None:
             flight = self.step(flight, [])
 
-    def step(self, previous: Flight | None, jobs: list[Job]) -> Flight | None:
+    def step(self, previous: Flight | None, jobs: list[Job], lone: bool = False) -> Flight | None:
         """Encode jobs while `previous` is on the GPU, land `previous`, and
         return the new batch, submitted and still in flight (or None).
+        `lone`: a call the reader runs alone; its wait spins longer on CPU
+        adapters (gpu/device.py, LONE_SPIN_CPU_S).
 
         `previous` always lands here: every one of its callers has been
         answered when step returns (its cost is then ``previous.cost()``).
@@ -102,7 +104,7 @@ class Executor:
         flight: Flight | None = None
         if ready:
             try:
-                flight = self.stages.encode(ready)
+                flight = self.stages.encode(ready, lone)
             except Exception as exc:
                 self._land(previous)
                 previous = None
@@ -178,8 +180,7 @@ class Executor:
         # Small results go out last, once this thread's bookkeeping is done:
         # the caller's next request then finds the GPU thread already
         # waiting instead of competing with it for the GIL.
-        for job, data in later:
-            self.stages.answer(job, memoryview(data))
+        self.stages.answer_all(later)
         elapsed = time.perf_counter() - started
         flight.spent += elapsed
         self.stats.add_time("readback", elapsed)

@@ -99,8 +99,8 @@ class WrapperPath:
         assert offset == 0
         return wgpu_private.map_for_reading_unsynced(buffer, size)
 
-    def wait(self, mapping: Any, spin_s: float, index: int | None = None) -> None:
-        wait_for_map(self.device, mapping, spin_s)
+    def wait(self, mapping: Any, spin_s: float, index: int | None = None) -> bool:
+        return wait_for_map(self.device, mapping, spin_s)
 
     def mapped(self, buffer: wgpu.GPUBuffer, offset: int, size: int) -> memoryview:
         return buffer.read_mapped(offset, size, copy=False)

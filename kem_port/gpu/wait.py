@@ -22,15 +22,17 @@ import wgpu
 from kem_port.gpu.wgpu_private import is_pending, poll_until_idle, poll_without_blocking
 
 
-def wait_for_map(device: wgpu.GPUDevice, promise, spin_s: float) -> None:
-    """Return when `promise` (a buffer map after a submit) has resolved;
-    raises what the map raised."""
+def wait_for_map(device: wgpu.GPUDevice, promise, spin_s: float) -> bool:
+    """Return when `promise` (a buffer map after a submit) has resolved,
+    with whether a blocking poll was needed; raises what the map raised."""
     if spin_s > 0 and is_pending(promise):
         deadline = time.perf_counter() + spin_s
         while True:
             poll_without_blocking(device)  # runs the map callback if the work is done
             if not is_pending(promise) or time.perf_counter() > deadline:
                 break
-    if is_pending(promise):
+    blocked = is_pending(promise)
+    if blocked:
         poll_until_idle(device)
     promise.sync_wait()
+    return blocked

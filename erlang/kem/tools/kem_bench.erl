@@ -36,6 +36,7 @@ run(Mode, OutFile) ->
     {ok, After} = kem:stats(),
     Seed = seed_design(maps:get(seed_calls, P)),
     SeedRate = maps:get(<<"calls_per_s">>, Seed),
+    Coalesced = coalesced(P),
     Rate64 = proplists:get_value(64, Rates),
     Result = #{
         mode => Mode,
@@ -51,16 +52,20 @@ run(Mode, OutFile) ->
             small_p50_over_echo => pct(Small, 50) / pct(EchoSmall, 50),
             calls_64_over_seed => Rate64 / SeedRate,
             bulk_64mb_over_echo => ratio(64, Bulk, EchoBulk)},
+        coalesced => Coalesced,
         port_stats_delta => delta(Before, After)},
     ok = file:write_file(OutFile, kem_json:encode(Result)),
     print(Result, Sizes),
+    print_coalesced(Coalesced),
     io:format("kem bench: wrote ~s~n", [OutFile]),
     ok.
 
 params(quick) ->
-    #{small_calls => 2000, seconds => 2, bulk_mb => [1, 16, 64], bulk_reps => 3, seed_calls => 20};
+    #{small_calls => 2000, seconds => 2, bulk_mb => [1, 16, 64], bulk_reps => 3, seed_calls => 20,
+      coalesce_callers => [64], coalesce_words => [1, 64]};
 params(full) ->
-    #{small_calls => 5000, seconds => 3, bulk_mb => [1, 16, 64, 256], bulk_reps => 5, seed_calls => 20}.
+    #{small_calls => 5000, seconds => 3, bulk_mb => [1, 16, 64, 256], bulk_reps => 5, seed_calls => 20,
+      coalesce_callers => [64, 256], coalesce_words => [1, 64, 256]}.
 
 latencies(Fun, N) ->
     [Fun() || _ <- lists:seq(1, 50)],  % warm: compile, pool
@@ -123,6 +128,55 @@ delta(#{kem_port_1 := B}, #{kem_port_1 := A}) ->
 delta(_, _) -> #{}.
 
 now_us() -> erlang:monotonic_time(microsecond).
+
+%% Items/s through one coalesced dispatch (issue 14 items 2 and 6): Callers
+%% processes call the packaged double_table kernel (the call-table ABI,
+%% docs/dispatch.md: a batch's calls to it share one dispatch) with Words
+%% 32-bit items each, and the plain double kernel the same way in the same
+%% run as its baseline (one dispatch per call). Every reply is checked
+%% against the input doubled in Erlang. Calls per dispatch come from the
+%% ports' own stats (batched_calls / table_dispatches for double_table; 1
+%% for double), and calls per batch (one submit) from batched_calls / batches.
+-spec coalesced(map()) -> [map()].
+coalesced(P) ->
+    Seconds = maps:get(seconds, P),
+    [coalesced_row(Kernel, Callers, Words, Seconds)
+     || Callers <- maps:get(coalesce_callers, P), Words <- maps:get(coalesce_words, P),
+        Kernel <- [<<"double_table">>, ?DOUBLE]].
+
+coalesced_row(Kernel, Callers, Words, Seconds) ->
+    Input = crypto:strong_rand_bytes(Words * 4),
+    Want = doubled_words(Input),
+    Call = fun(_) -> {ok, Want} = kem:call(execute_kernel, {Kernel, Input, 1}, 60000) end,
+    [Call(x) || _ <- lists:seq(1, 20)],  % warm: compile, pool
+    {ok, Before} = kem:stats(),
+    Rate = rate(Call, Callers, Seconds),
+    {ok, After} = kem:stats(),
+    Count = fun(Key) -> summed(Key, After) - summed(Key, Before) end,
+    Batches = Count(batches),
+    Dispatches = case Kernel of
+        ?DOUBLE -> Count(batched_calls);  % one dispatch per call
+        _ -> Count(table_dispatches)
+    end,
+    #{kernel => Kernel, callers => Callers, words => Words, calls_per_s => Rate, items_per_s => Rate * Words,
+      calls_per_dispatch => Count(batched_calls) / max(1, Dispatches),
+      calls_per_batch => Count(batched_calls) / max(1, Batches), dispatches => Dispatches}.
+
+%% Each 32-bit little-endian word doubled (mod 2^32), as both kernels do.
+doubled_words(Bin) ->
+    << <<((X * 2) band 16#FFFFFFFF):32/little>> || <<X:32/little>> <= Bin >>.
+
+%% A counter summed over every port's stats.
+summed(Key, StatsByPort) ->
+    lists:sum([maps:get(Key, S, 0) || S <- maps:values(StatsByPort), is_map(S)]).
+
+print_coalesced(Rows) ->
+    io:format("  items/s through one coalesced dispatch (double_table vs plain double, same run):~n"),
+    [io:format("    ~-12s ~3b callers x ~4b items: ~12.1f items/s  ~9.1f calls/s  ~6.1f calls/dispatch  ~6.1f calls/batch~n",
+               [K, C, W, I * 1.0, R * 1.0, D * 1.0, B * 1.0])
+     || #{kernel := K, callers := C, words := W, items_per_s := I, calls_per_s := R,
+          calls_per_dispatch := D, calls_per_batch := B} <- Rows],
+    ok.
 
 print(R, Sizes) ->
     #{calls_per_s := C, echo_calls_per_s := EC, bulk_gbps := B, bulk_pipe_gbps := BP,
