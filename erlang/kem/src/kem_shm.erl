@@ -127,12 +127,16 @@ slot_answer({error, {shm_error, _}}, _Slot, Pipe) ->
 slot_answer(Other, _Slot, _Pipe) ->
     Other.
 
-%% A lost port may write into the result parts for up to the owner's kill
-%% -9 backstop: the slot stays taken till it cannot, then is emptied.
-%% A killed caller's files go at once; so do those of a part the port could
-%% not write (tmpfs full: free what it holds) or the node could not read.
-settle(Slot, {error, {Reason, _}}, _Answer, _Caller)
+%% After a lost port the slot's files go at once, with those of every free
+%% slot (a cache for a port that is gone); as the lost port may write into
+%% the result parts for up to the owner's kill -9 backstop, the slot stays
+%% taken till it cannot, and is emptied again then. A killed caller's files
+%% go at once; so do those of a part the port could not write (tmpfs full:
+%% free what it holds) or the node could not read.
+settle(Slot = #{dir := Dir}, {error, {Reason, _}}, _Answer, _Caller)
         when Reason =:= timeout; Reason =:= port_exited; Reason =:= port_restarted ->
+    ok = kem_shm_slots:delete_files(Slot),
+    _ = kem_shm_slots:empty_free(Dir),
     _ = timer:apply_after(?RETRY_DELETE_MS, kem_shm_slots, discard, [Slot]),
     ok;
 settle(Slot, {error, {shm_error, _}}, _Answer, _Caller) ->

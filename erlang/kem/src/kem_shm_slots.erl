@@ -21,7 +21,7 @@
 %%% idle for `shm_slot_idle_ms'; a node that died leaves them in a
 %%% directory the next start sweeps.
 -module(kem_shm_slots).
--export([new_table/0, take/1, release/1, discard/1, trim/1]).
+-export([new_table/0, take/1, release/1, discard/1, delete_files/1, trim/1, empty_free/1]).
 -export([write_input/2, read_result/2, paths/2, split/2]).
 
 -include_lib("kernel/include/file.hrl").
@@ -64,24 +64,40 @@ release(#{id := Id}) ->
 %% @doc Delete the slot's files, then give it back.
 -spec discard(slot()) -> ok.
 discard(Slot = #{id := Id}) ->
-    [_ = file:delete(Path) || Kind <- [in, out], Path <- paths(Slot, Kind)],
+    ok = delete_files(Slot),
     _ = catch ets:delete(?TAB, {used, Id}),
     _ = catch ets:delete(?TAB, {taken, Id}),
     ok.
 
-%% @doc Delete the files of free slots unused for IdleMs (memory held in
-%% tmpfs for nothing); returns how many slots were emptied.
+%% @doc Delete the slot's files and keep it taken (a lost port may still
+%% be writing: discard/1 later gives it back).
+-spec delete_files(slot()) -> ok.
+delete_files(Slot) ->
+    [_ = file:delete(Path) || Kind <- [in, out], Path <- paths(Slot, Kind)],
+    ok.
+
+%% @doc Delete the files of free slots unused for `shm_slot_idle_ms'
+%% (memory held in tmpfs for nothing); returns how many were emptied.
 -spec trim(kem_shm_dir:dir()) -> non_neg_integer().
 trim(Dir) ->
-    IdleMs = application:get_env(kem, shm_slot_idle_ms, 10000),
+    empty_free(Dir, application:get_env(kem, shm_slot_idle_ms, 10000)).
+
+%% @doc Delete the files of every free slot: after a lost port the kept
+%% files are a cache for nothing, and a restart begins cold.
+-spec empty_free(kem_shm_dir:dir()) -> non_neg_integer().
+empty_free(Dir) ->
+    empty_free(Dir, 0).
+
+empty_free(Dir, IdleMs) ->
     Now = erlang:monotonic_time(millisecond),
-    Idle = [Id || {{used, Id}, At} <- ets:tab2list(?TAB), Now - At >= IdleMs],
+    Rows = try ets:tab2list(?TAB) catch error:badarg -> [] end,  % no table: stopping
+    Idle = [Id || {{used, Id}, At} <- Rows, Now - At >= IdleMs],
     length([ok || Id <- Idle, {ok, Slot} <- [take_id(Dir, Id)], discard(Slot) =:= ok]).
 
 take_id(Dir, Id) ->
-    case ets:insert_new(?TAB, {{taken, Id}, self()}) of
+    case catch ets:insert_new(?TAB, {{taken, Id}, self()}) of
         true -> {ok, #{id => Id, dir => Dir}};
-        false -> none
+        _ -> none
     end.
 
 %% @doc The slot's part files of one direction, in payload order.

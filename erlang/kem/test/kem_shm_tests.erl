@@ -150,7 +150,8 @@ slots_test_() ->
       {timeout, 60, fun idle_slot_files_are_deleted/0},
       {timeout, 60, fun more_callers_than_slots_all_get_their_results/0},
       {timeout, 60, fun a_planted_link_in_a_slot_is_never_written_through/0},
-      {timeout, 60, fun slot_files_are_gone_when_the_caller_is_killed/0}]}.
+      {timeout, 60, fun slot_files_are_gone_when_the_caller_is_killed/0},
+      {timeout, 60, fun kept_files_go_when_the_port_is_lost/0}]}.
 
 inode(Path) ->
     {ok, #file_info{inode = Inode}} = file:read_link_info(Path),
@@ -214,6 +215,31 @@ slot_files_are_gone_when_the_caller_is_killed() ->
     ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) =:= 0 end, 10000),
     ?assertEqual(ok, wait_until(fun() -> payload_files() =:= [] end, 2000)),
     ?assertNot(is_process_alive(Holder)).
+
+%% A slot kept from an earlier call and the slot of a call in flight are
+%% both emptied when the port is lost; the next call is right again.
+kept_files_go_when_the_port_is_lost() ->
+    [Port] = kem_sup:port_names(),
+    Parent = self(),
+    %% Two calls held on the port together: both slots taken, then kept.
+    Holder = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 1000}, 10000) end),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 1 end, 5000),
+    Kept = [crypto:strong_rand_bytes(?SLOT_MIN + K) || K <- [1, 2]],
+    [spawn(fun() -> Parent ! {kept, I, kem:execute(?DOUBLE, I, #{output_size => 5})} end) || I <- Kept],
+    [receive {kept, I, R} -> ?assertEqual({ok, kem_ref:double_ref(I, 5)}, R) end || I <- Kept],
+    ?assertEqual(32, length(payload_files())),
+    ?assertNot(is_process_alive(Holder)),
+    %% A third call in flight (in slot 1) when the port is lost.
+    _ = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 3000}, 10000) end),
+    Big = crypto:strong_rand_bytes(?SLOT_MIN + 3),
+    _ = spawn(fun() -> Parent ! {lost, kem:execute(?DOUBLE, Big, #{output_size => 8})} end),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 2 end, 5000),
+    os:cmd("kill -9 " ++ integer_to_list(kem_port:os_pid(Port))),
+    receive {lost, Result} -> ?assertMatch({error, {_, _}}, Result) after 20000 -> error(no_answer) end,
+    ?assertEqual([], payload_files()),
+    ok = wait_until(fun() -> (catch kem:execute(?DOUBLE, <<1, 3, 5, 7>>, #{})) =:= {ok, <<2, 6, 10, 14>>} end, 10000),
+    Again = crypto:strong_rand_bytes(?SLOT_MIN + 3),
+    ?assertEqual({ok, kem_ref:double_ref(Again, 6)}, kem:execute(?DOUBLE, Again, #{output_size => 6})).
 
 %%% when /dev/shm fails: the pipe, never a failed start or a crash
 
