@@ -188,3 +188,17 @@ def test_through_the_port_parts_in_and_out(shm_dir, rng):
             assert terms.atom_name(got[0]) == "shm" and got[2] == out_size
             result = b"".join((shm_dir / f"slot.out.{k}").read_bytes() for k in range(4))
             assert result == reference.double(data, out_size)
+
+
+def test_a_debug_call_reads_its_file_inputs(shm_dir, rng):
+    """A debug call (docs/debug.md) runs apart from batches: its input,
+    still in its file or parts, is read there too, and it is answered."""
+    size = READ_LATE + 3
+    data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    (shm_dir / "one.in").write_bytes(data)
+    parts = [bytes(p.value) for p in write_parts(shm_dir, "dbg", data, [size // 2])]
+    with start_port(KEM_SHM_DIR=str(shm_dir)) as port:
+        for value in (str(shm_dir / "one.in").encode(), parts):
+            result, records = port.call("execute", b"double", (terms.atom("shm"), value),
+                                        {"debug": True, "output_size": size}, timeout=60)
+            assert terms.binary_bytes(result) == reference.double(data, size)
