@@ -120,8 +120,10 @@ via_slot(Caller, Slot, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
         erlang:raise(Class, Why, Stack)
     end.
 
-slot_answer({ok, {shm, _Paths, Size}}, Slot, _Pipe) ->
+slot_answer({ok, {shm, _Paths, Size}}, Slot, _Pipe) when is_integer(Size), Size >= 0 ->
     kem_shm_slots:read_result(Slot, Size);
+slot_answer({ok, {shm, _Paths, _Bad}}, _Slot, _Pipe) ->
+    {error, {shm_error, <<"the port named no result size">>}};
 slot_answer({error, {shm_error, _}}, _Slot, Pipe) ->
     Pipe();
 slot_answer(Other, _Slot, _Pipe) ->

@@ -171,6 +171,15 @@ read_result(Slot, Size) ->
 read_part(_Path, 0) ->
     {ok, <<>>};
 read_part(Path, Size) ->
+    %% The size is the port's word: the file must have it before a binary
+    %% of that size is made.
+    case file:read_link_info(Path, [raw]) of
+        {ok, #file_info{type = regular, size = Size}} -> pread_part(Path, Size);
+        {ok, _} -> {error, {shm_error, <<"a result part is not of the size the port wrote">>}};
+        {error, Reason} -> part_error(Reason)
+    end.
+
+pread_part(Path, Size) ->
     case file:open(Path, [read, raw, binary]) of
         {ok, Fd} ->
             try file:pread(Fd, 0, Size) of
