@@ -5,6 +5,7 @@ actions, so the batch path never sees the debug channel."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from kem_port.errors import KemError
@@ -12,6 +13,8 @@ from kem_port.gpu.calls import Job
 from kem_port.gpu.debug_run import run_debug
 from kem_port.gpu.executor import Executor
 from kem_port.gpu_loop import GpuLoop, QueueFull
+
+log = logging.getLogger("kem_port.debug_calls")
 
 
 def enqueue(loop: GpuLoop, req_id: int, job: Job, answer: Callable[[tuple[bytes, dict]], None]) -> None:
@@ -22,6 +25,10 @@ def enqueue(loop: GpuLoop, req_id: int, job: Job, answer: Callable[[tuple[bytes,
             result = run_debug(executor, job)
         except KemError as exc:
             job.refuse(exc)
+            return
+        except Exception:  # answered, never left to time out
+            log.exception("debug call failed")
+            job.refuse(KemError("internal", "internal error (details in the node's log)"))
             return
         job.answered = True
         answer(result)

@@ -12,6 +12,13 @@ off; an input is opened without following links and without blocking, and
 must be a regular file (a FIFO planted there would hang the reader, a device
 would feed it without end); a result file is created exclusively, never
 written over or through something already at that name.
+
+From `shm_slot_threshold' (16 MiB) up the node sends a list of paths
+instead of one, both ways: the payload split into parts, one file each, in
+files it keeps from call to call (kem_shm_slots.erl). Each part is written
+and read by its own thread or process (bulk_io.py): the copies run in
+parallel and into tmpfs pages that already exist. Such a result part may
+be written over, but only if it is a regular file of ours with one link.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from kem_port.errors import KemError, bad_args, too_large
+from kem_port import bulk_io
 from kem_port.framing import read_into, write_all
-from kem_port.gpu.calls import FileInput
+from kem_port.gpu.calls import FileInput, FileParts
 from kem_port.gpu.plan import PACK_LIMIT
 from kem_port.terms import binary_bytes
 
@@ -35,6 +43,8 @@ log = logging.getLogger("kem_port.shm")
 # H100 a 64 MB call's read-in and upload took 54 -> 12 ms that way
 # (scripts/bench_bulk.py). Smaller ones are read now, to be packed.
 READ_LATE = 4 * PACK_LIMIT
+# Parts of one payload the node may name: it uses 8 (kem_shm_slots.erl).
+MAX_PARTS = 64
 
 
 class SharedMemory:
@@ -42,8 +52,16 @@ class SharedMemory:
         self.directory = private_directory(directory)
         self.max_input_bytes = max_input_bytes
 
-    def path(self, value: Any) -> str:
-        """A file the node put in its shared-memory directory, and nowhere else."""
+    def path(self, value: Any) -> str | tuple[str, ...]:
+        """A file the node put in its shared-memory directory, and nowhere
+        else; for a list of binaries (a payload in parts), each of them."""
+        if isinstance(value, list):
+            if not 1 <= len(value) <= MAX_PARTS:
+                raise bad_args(f"a shared-memory payload comes in 1 to {MAX_PARTS} parts")
+            return tuple(self._one_path(part) for part in value)
+        return self._one_path(value)
+
+    def _one_path(self, value: Any) -> str:
         raw = binary_bytes(value)
         if self.directory is None or raw is None:
             raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
@@ -52,21 +70,16 @@ class SharedMemory:
             raise bad_args("shared-memory path is outside KEM_SHM_DIR")
         return path
 
-    def read_input(self, value: Any) -> memoryview | FileInput:
-        """The input file `value` names, size-checked before reading: its
-        bytes, or from READ_LATE up the file itself, read at encoding."""
+    def read_input(self, value: Any) -> memoryview | FileInput | FileParts:
+        """The input file(s) `value` names, size-checked before reading:
+        their bytes, or from READ_LATE up the files themselves, read at
+        encoding."""
         path = self.path(value)
+        if isinstance(path, tuple):
+            return self._read_parts(path)
+        fd, size = bulk_io.open_input(path)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise bad_args("the shared-memory input is not a regular file")
-            size = info.st_size
-            if size > self.max_input_bytes:
-                raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={self.max_input_bytes}")
+            self._check_size(size)
             if size >= READ_LATE:
                 return FileInput(path, size)
             # Read, not mmap: a mapped file truncated under us would kill the
@@ -78,10 +91,32 @@ class SharedMemory:
         finally:
             os.close(fd)
 
+    def _read_parts(self, paths: tuple[str, ...]) -> memoryview | FileParts:
+        parts = []
+        for path in paths:
+            fd, size = bulk_io.open_input(path)
+            os.close(fd)
+            parts.append((path, size))
+        found = FileParts(tuple(parts))
+        self._check_size(found.size)
+        if found.size >= READ_LATE:
+            return found
+        view = memoryview(bytearray(found.size))
+        found.read_into(view)
+        return view
 
-def write_result(path: str, view: memoryview) -> None:
+    def _check_size(self, size: int) -> None:
+        if size > self.max_input_bytes:
+            raise too_large(f"input of {size} bytes is over KEM_MAX_INPUT_BYTES={self.max_input_bytes}")
+
+
+def write_result(path: str | tuple[str, ...], view: memoryview) -> None:
     """The result into the file the node named (one copy from the mapped
-    staging buffer into tmpfs); the node deletes the file. Raises KemError."""
+    staging buffer into tmpfs), or split over the part files it named; the
+    node deletes or keeps them. Raises KemError."""
+    if isinstance(path, tuple):
+        bulk_io.write_parts(path, view)
+        return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:

@@ -12,6 +12,11 @@ mapped: os.readv from the file straight into a write-mapped upload buffer
         reused across calls (copy 1; a file that shrinks gives a short read,
         never SIGBUS), GPU copy to the input buffer, dispatch, GPU copy to
         staging, map, write to the output file (copy 2).
+parts:  the node's way from shm_slot_threshold up (kem_shm_slots): the
+        input in 8 part files kept from the last call, read a part per
+        thread straight into the upload buffer (copy 1), GPU as above, the
+        mapped result written a part per thread into 8 kept files (copy 2):
+        the same two copies, in parallel and into existing tmpfs pages.
 
 Usage: scripts/bench_bulk.py [--sizes-mb 16,64] [--iterations N] [--dir /dev/shm]
 """
@@ -31,6 +36,7 @@ import numpy as np
 import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kem_port import bulk_io  # noqa: E402
 from kem_port.framing import read_into, write_all  # noqa: E402
 from kem_port.gpu import native as native_path  # noqa: E402
 from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
@@ -38,6 +44,8 @@ from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 U = wgpu.BufferUsage
 # The packaged double kernel (what users run).
 KERNEL = (PACKAGED_KERNELS / "double.wgsl").read_text()
+PARTS = 8  # as kem_shm_slots splits a payload
+COPIES = {"today": 3, "mapped upload": 2, "parts": 2}
 
 
 class Rig:
@@ -54,23 +62,31 @@ class Rig:
         self.groups = (groups, 1, 1) if groups <= max_groups else (max_groups, -(-groups // max_groups), 1)
 
 
-def round_trip(native, rig: Rig, in_path: str, out_path: str, mapped: bool) -> list[float]:
+def round_trip(native, rig: Rig, in_path: str, out_path: str, path: str) -> list[float]:
     t = time.perf_counter
     t0 = t()
-    fd = os.open(in_path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if mapped:
-            native.wait_idle_map(native.map_write(rig.upload, 0, rig.size))
-            if read_into(fd, native.writable(rig.upload, 0, size)) < size:
-                raise SystemExit("input shrank")
-            native.unmap(rig.upload)
-        else:
-            data = memoryview(bytearray(size))
-            if read_into(fd, data) < size:
-                raise SystemExit("input shrank")
-    finally:
-        os.close(fd)
+    mapped = path != "today"
+    if path == "parts":
+        parts = tuple((f"{in_path}.{k}", os.stat(f"{in_path}.{k}").st_size) for k in range(PARTS))
+        size = sum(n for _, n in parts)
+        native.wait_idle_map(native.map_write(rig.upload, 0, rig.size))
+        bulk_io.read_parts(parts, native.writable(rig.upload, 0, size))
+        native.unmap(rig.upload)
+    else:
+        fd = os.open(in_path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if mapped:
+                native.wait_idle_map(native.map_write(rig.upload, 0, rig.size))
+                if read_into(fd, native.writable(rig.upload, 0, size)) < size:
+                    raise SystemExit("input shrank")
+                native.unmap(rig.upload)
+            else:
+                data = memoryview(bytearray(size))
+                if read_into(fd, data) < size:
+                    raise SystemExit("input shrank")
+        finally:
+            os.close(fd)
     t1 = t()
     if not mapped:
         native.write(rig.input, 0, data)
@@ -88,14 +104,23 @@ def round_trip(native, rig: Rig, in_path: str, out_path: str, mapped: bool) -> l
     index = native.submit(commands)
     native.wait(native.map_read(rig.staging, 0, rig.size), 0.0, index)
     t3 = t()
-    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        write_all(fd, [native.mapped(rig.staging, 0, rig.size)])
-    finally:
-        os.close(fd)
+    if path == "parts":
+        bulk_io.write_parts([f"{out_path}.{k}" for k in range(PARTS)], native.mapped(rig.staging, 0, rig.size))
+    else:
+        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            write_all(fd, [native.mapped(rig.staging, 0, rig.size)])
+        finally:
+            os.close(fd)
     native.unmap(rig.staging)
     t4 = t()
     return [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0]
+
+
+def result_of(out_path: str, path: str) -> bytes:
+    if path == "parts":
+        return b"".join(Path(f"{out_path}.{k}").read_bytes() for k in range(PARTS))
+    return Path(out_path).read_bytes()
 
 
 def main() -> None:
@@ -116,13 +141,15 @@ def main() -> None:
             size = mb << 20
             values = rng.integers(0, 2**31, size=size // 4, dtype=np.uint32)
             Path(in_path).write_bytes(values.tobytes())
+            for k, (a, b) in enumerate(bulk_io.split(size, PARTS)):
+                Path(f"{in_path}.{k}").write_bytes(values.tobytes()[a:b])
             expected = (values * 2).tobytes()
             rig = Rig(device, size, int(limits["max-compute-workgroups-per-dimension"]))
-            rows = {"today": [], "mapped upload": []}
+            rows: dict[str, list] = {path: [] for path in COPIES}
             for n in range(args.iterations + 1):
                 for path in rows:
-                    row = round_trip(native, rig, in_path, out_path, path != "today")
-                    if n == 0 and Path(out_path).read_bytes() != expected:
+                    row = round_trip(native, rig, in_path, out_path, path)
+                    if n == 0 and result_of(out_path, path) != expected:
                         raise SystemExit(f"{path}: wrong result at {mb} MB")
                     if n:
                         rows[path].append(row)
@@ -130,7 +157,7 @@ def main() -> None:
                 med = [statistics.median(col) for col in zip(*data)]
                 print(json.dumps({
                     "adapter": adapter.info.get("device"), "size_mb": mb, "path": path,
-                    "host_copies": 3 if path == "today" else 2,
+                    "host_copies": COPIES[path],
                     "read_in_ms": round(med[0] * 1e3, 2), "upload_encode_ms": round(med[1] * 1e3, 2),
                     "gpu_ms": round(med[2] * 1e3, 2), "write_out_ms": round(med[3] * 1e3, 2),
                     "total_ms": round(med[4] * 1e3, 2), "gb_per_s": round(size / med[4] / 1e9, 2),

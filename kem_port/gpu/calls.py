@@ -8,11 +8,11 @@ layer knows nothing of frames or terms.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kem_port import bulk_io
 from kem_port.errors import KemError, bad_args
 from kem_port.kernel_store import KernelSource
 
@@ -32,30 +32,45 @@ class FileInput:
         return self.size
 
     def read_into(self, view: memoryview) -> None:
-        """Fill view[:size] from the file; bad_args if it is shorter now."""
+        """Fill view[:size] from the file, on several threads (bulk_io);
+        bad_args if it is shorter now."""
+        # Opened as kem_port/shm.py opens it: no link followed, no wait on
+        # a FIFO, and only a regular file is read.
+        fd, _ = bulk_io.open_input(self.path)
         try:
-            # As kem_port/shm.py opens it: no link followed, no wait on a
-            # FIFO, and only a regular file is read.
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            raise bad_args(f"cannot open the shared-memory input: {exc.strerror}") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise bad_args("the shared-memory input is not a regular file")
-            got = 0
-            while got < self.size:
-                n = os.readv(fd, [view[got : self.size]])
-                if n == 0:
-                    raise bad_args("shared-memory input shrank while being read")
-                got += n
+            bulk_io.read_file(fd, view[: self.size])
         finally:
             os.close(fd)
 
 
 @dataclass(frozen=True)
+class FileParts:
+    """An input the node wrote as several part files (kem_shm's kept slots,
+    from `shm_slot_threshold' up), one after the other: written and read
+    a thread a part, as one file cannot be written in parallel. Read like
+    FileInput: straight into the upload buffer, never mmap'ed."""
+
+    parts: tuple[tuple[str, int], ...]  # (path, size) as checked at parsing
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill view[:size] from the parts; bad_args if one is shorter now."""
+        bulk_io.read_parts(self.parts, view[: self.size])
+
+
+FILE_INPUTS = (FileInput, FileParts)
+
+
+@dataclass(frozen=True)
 class KernelCall:
     kernel_id: str
-    input: bytes | memoryview | FileInput
+    input: bytes | memoryview | FileInput | FileParts
     output_size: int
     params: bytes | None = None
     workgroups: tuple[int, int, int] | None = None

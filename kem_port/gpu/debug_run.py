@@ -16,7 +16,7 @@ import struct
 import wgpu
 
 from kem_port.gpu import contract
-from kem_port.gpu.calls import Job
+from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.executor import Executor
 
@@ -26,6 +26,16 @@ DEBUG_BYTES = 4 * (1 + RECORDS)  # the count, then the records
 
 def _padded(data: bytes, size: int) -> bytes:
     return bytes(data) + bytes(size - len(data))
+
+
+def _input_bytes(data: bytes | memoryview | FileInput | FileParts) -> bytes | memoryview | bytearray:
+    """The call's input in memory: one still in its shared-memory file(s)
+    is read now (bad_args if it shrank)."""
+    if isinstance(data, FILE_INPUTS):
+        buf = bytearray(len(data))
+        data.read_into(memoryview(buf))
+        return buf
+    return data
 
 
 def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
@@ -38,7 +48,7 @@ def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits)
     usage = wgpu.BufferUsage
     in_size, out_size = contract.input_binding_size(call), max(contract.output_binding_size(call), 4)
-    inputs = device.create_buffer_with_data(data=_padded(bytes(call.input), in_size), usage=usage.STORAGE)
+    inputs = device.create_buffer_with_data(data=_padded(_input_bytes(call.input), in_size), usage=usage.STORAGE)
     outputs = device.create_buffer(size=out_size, usage=usage.STORAGE | usage.COPY_SRC)
     params = None
     if call.params is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kem_port.gpu import call_table, contract
-from kem_port.gpu.calls import FileInput, Job
+from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
@@ -148,7 +148,7 @@ class BatchPlan:
             hot.write(in_buf, 0, packed)
         for item in self.large:
             data = item.job.call.input
-            if isinstance(data, FileInput):
+            if isinstance(data, FILE_INPUTS):
                 copy = _upload_file(hot, in_buf, data, item, take)
                 if copy is not None:
                     copies.append(copy)
@@ -168,7 +168,7 @@ class BatchPlan:
         return copies
 
 
-def _upload_file(hot, in_buf, data: FileInput, item: Prepared, take) -> tuple | None:
+def _upload_file(hot, in_buf, data: FileInput | FileParts, item: Prepared, take) -> tuple | None:
     """One host copy: the file read straight into a write-mapped upload
     buffer, zero-padded (the GPU copies it into the input buffer). Without
     map_write (wgpu-py's objects) two: read into memory, then write_buffer."""

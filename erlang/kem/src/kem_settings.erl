@@ -10,7 +10,7 @@
 -spec erlang_only() -> [atom()].
 erlang_only() ->
     [python, python_source, venv, ports, timeout, start_timeout, kill_on_timeout, probe_timeout,
-     shm_threshold, shm_root, request_max_output_bytes, quarantine_ms, port_env,
+     shm_threshold, shm_root, shm_slot_threshold, shm_slots, shm_slot_idle_ms, request_max_output_bytes, quarantine_ms, port_env,
      local_gpus, cluster_nodes, adapters, exclude, weights, spares, warm_kernels, restart_wait].
 
 %% @doc `{Var, Value}' for every port setting in the app env (undefined =

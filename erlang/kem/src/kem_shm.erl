@@ -16,6 +16,10 @@
 %%% When a file cannot be written (/dev/shm full) or there is no directory
 %%% (read-only, squatted), the payload takes the port pipe instead: a call
 %%% is never failed for the side channel's sake.
+%%%
+%%% From `shm_slot_threshold' (16 MiB) up, a transfer takes a slot of kept
+%%% part files instead (kem_shm_slots): the payload is written and read a
+%%% part per process, into tmpfs pages that exist from the last call.
 -module(kem_shm).
 -export([call/4]).
 
@@ -52,7 +56,7 @@ as_execute(_, _) ->
 via_transfer(Dir, Port, Request, Timeout) ->
     Caller = self(),
     Tag = make_ref(),
-    {Pid, MRef} = spawn_monitor(fun() -> Caller ! {Tag, transfer(Dir, Port, Request, Timeout)} end),
+    {Pid, MRef} = spawn_monitor(fun() -> Caller ! {Tag, transfer(Caller, Dir, Port, Request, Timeout)} end),
     receive
         {Tag, Result} ->
             erlang:demonitor(MRef, [flush]),
@@ -61,7 +65,19 @@ via_transfer(Dir, Port, Request, Timeout) ->
             {error, {shm_error, <<"the transfer process failed">>}}
     end.
 
-transfer(Dir, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
+transfer(Caller, Dir, Port, Request = {_, _, _, Input, _}, Timeout) ->
+    Threshold = application:get_env(kem, shm_slot_threshold, 16 bsl 20),
+    Slot = case is_integer(Threshold) andalso byte_size(Input) >= Threshold of
+        true -> kem_shm_slots:take(Dir);
+        false -> none
+    end,
+    case Slot of
+        {ok, Taken} -> via_slot(Caller, Taken, Port, Request, Timeout);
+        none -> via_files(Dir, Port, Request, Timeout)
+    end.
+
+%% One-off files: made for this call, deleted after it.
+via_files(Dir, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
     Base = filename:join(Dir, integer_to_list(erlang:unique_integer([positive]))),
     {In, Out} = {Base ++ ".in", Base ++ ".out"},
     Started = erlang:monotonic_time(millisecond),
@@ -80,6 +96,59 @@ transfer(Dir, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
     after
         _ = file:delete(In),
         _ = file:delete(Out)
+    end.
+
+%% Kept part files (kem_shm_slots); the slot is given back, kept or
+%% emptied, however the call went.
+via_slot(Caller, Slot, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
+    Started = erlang:monotonic_time(millisecond),
+    Pipe = fun() -> kem_port:call(Port, Method, Args, left(Timeout, Started)) end,
+    try kem_shm_slots:write_input(Slot, Input) of
+        ok ->
+            Names = fun(Kind) -> [list_to_binary(P) || P <- kem_shm_slots:paths(Slot, Kind)] end,
+            ShmArgs = {Kernel, {shm, Names(in)}, Opts#{output_shm => Names(out)}},
+            Result = kem_port:call(Port, execute, ShmArgs, Timeout),
+            Answer = slot_answer(Result, Slot, Pipe),
+            settle(Slot, Result, Answer, Caller),
+            Answer;
+        {error, Reason} ->
+            ok = kem_shm_slots:discard(Slot),
+            logger:notice("kem_shm: cannot write an input part (~0p); using the port pipe", [Reason]),
+            Pipe()
+    catch Class:Why:Stack ->
+        ok = kem_shm_slots:discard(Slot),
+        erlang:raise(Class, Why, Stack)
+    end.
+
+slot_answer({ok, {shm, _Paths, Size}}, Slot, _Pipe) when is_integer(Size), Size >= 0 ->
+    kem_shm_slots:read_result(Slot, Size);
+slot_answer({ok, {shm, _Paths, _Bad}}, _Slot, _Pipe) ->
+    {error, {shm_error, <<"the port named no result size">>}};
+slot_answer({error, {shm_error, _}}, _Slot, Pipe) ->
+    Pipe();
+slot_answer(Other, _Slot, _Pipe) ->
+    Other.
+
+%% After a lost port the slot's files go at once, with those of every free
+%% slot (a cache for a port that is gone); as the lost port may write into
+%% the result parts for up to the owner's kill -9 backstop, the slot stays
+%% taken till it cannot, and is emptied again then. A killed caller's files
+%% go at once; so do those of a part the port could not write (tmpfs full:
+%% free what it holds) or the node could not read.
+settle(Slot = #{dir := Dir}, {error, {Reason, _}}, _Answer, _Caller)
+        when Reason =:= timeout; Reason =:= port_exited; Reason =:= port_restarted ->
+    ok = kem_shm_slots:delete_files(Slot),
+    _ = kem_shm_slots:empty_free(Dir),
+    _ = timer:apply_after(?RETRY_DELETE_MS, kem_shm_slots, discard, [Slot]),
+    ok;
+settle(Slot, {error, {shm_error, _}}, _Answer, _Caller) ->
+    kem_shm_slots:discard(Slot);
+settle(Slot, _Result, {error, {shm_error, _}}, _Caller) ->
+    kem_shm_slots:discard(Slot);
+settle(Slot, _Result, _Answer, Caller) ->
+    case is_process_alive(Caller) of
+        true -> kem_shm_slots:release(Slot);
+        false -> kem_shm_slots:discard(Slot)
     end.
 
 answer({ok, {shm, _Path, Size}}, Out, _Pipe) ->

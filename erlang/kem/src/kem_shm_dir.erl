@@ -204,7 +204,13 @@ init(Created) ->
             undefined
     end,
     persistent_term:put(?KEY, Dir),
+    ok = kem_shm_slots:new_table(),
+    schedule_trim(),
     {ok, Dir}.
+
+%% Kept slot files idle for shm_slot_idle_ms are deleted (kem_shm_slots).
+schedule_trim() ->
+    erlang:send_after(max(100, application:get_env(kem, shm_slot_idle_ms, 10000) div 2), self(), trim_slots).
 
 handle_call(_Request, _From, Dir) ->
     {reply, {error, {bad_args, <<"kem_shm_dir takes no calls">>}}, Dir}.
@@ -212,6 +218,10 @@ handle_call(_Request, _From, Dir) ->
 handle_cast(_Msg, Dir) ->
     {noreply, Dir}.
 
+handle_info(trim_slots, Dir) ->
+    _ = is_list(Dir) andalso kem_shm_slots:trim(Dir),
+    schedule_trim(),
+    {noreply, Dir};
 handle_info(_Msg, Dir) ->
     {noreply, Dir}.
 

@@ -137,6 +137,110 @@ wait_until(Cond, Left) ->
         false -> timer:sleep(10), wait_until(Cond, Left - 10)
     end.
 
+%%% kept part files (kem_shm_slots), with a threshold low enough to test
+
+-define(SLOT_MIN, (2 bsl 20)).
+
+slots_test_() ->
+    {setup,
+     fun() -> start([{port_env, [{"KEM_TEST_HOOKS", "1"}]}, {shm_slot_threshold, ?SLOT_MIN},
+                     {shm_slots, 2}, {shm_slot_idle_ms, 3000}]) end,
+     fun stop/1,
+     [{timeout, 60, fun slot_payloads_match_and_their_files_are_kept/0},
+      {timeout, 60, fun idle_slot_files_are_deleted/0},
+      {timeout, 60, fun more_callers_than_slots_all_get_their_results/0},
+      {timeout, 60, fun a_planted_link_in_a_slot_is_never_written_through/0},
+      {timeout, 60, fun slot_files_are_gone_when_the_caller_is_killed/0},
+      {timeout, 60, fun kept_files_go_when_the_port_is_lost/0}]}.
+
+inode(Path) ->
+    {ok, #file_info{inode = Inode}} = file:read_link_info(Path),
+    Inode.
+
+slot_payloads_match_and_their_files_are_kept() ->
+    Dir = kem_shm_dir:path(),
+    %% Sizes that are not multiples of 4 nor of a part; results smaller and
+    %% larger than the input; the slot's files are kept and written over.
+    Cases = [{?SLOT_MIN + 3, ?SLOT_MIN + 3}, {5 * ?SLOT_MIN + 1, 5 * ?SLOT_MIN + 6},
+             {?SLOT_MIN + 3, 7}, {3 * ?SLOT_MIN, 0}],
+    Inodes = [begin
+                  Input = crypto:strong_rand_bytes(Size),
+                  ?assertEqual({ok, kem_ref:double_ref(Input, Out)},
+                               kem:execute(?DOUBLE, Input, #{output_size => Out})),
+                  ?assertEqual(16, length(payload_files())),
+                  inode(filename:join(Dir, "slot1.in.0"))
+              end || {Size, Out} <- Cases],
+    ?assertEqual(1, length(lists:usort(Inodes))),
+    %% The kernel methods take the same way.
+    Input = crypto:strong_rand_bytes(?SLOT_MIN + 1),
+    ?assertEqual(kem_ref:double_ref(Input, 2 * (?SLOT_MIN + 1)), kem_nif:execute_kernel(?DOUBLE, Input, 2)).
+
+idle_slot_files_are_deleted() ->
+    Input = crypto:strong_rand_bytes(?SLOT_MIN),
+    {ok, _} = kem:execute(?DOUBLE, Input, #{output_size => 4}),
+    ?assertNotEqual([], payload_files()),
+    ?assertEqual(ok, wait_until(fun() -> payload_files() =:= [] end, 8000)).
+
+more_callers_than_slots_all_get_their_results() ->
+    Parent = self(),
+    Inputs = [crypto:strong_rand_bytes(?SLOT_MIN + K) || K <- lists:seq(1, 5)],
+    Pids = [spawn_link(fun() -> Parent ! {self(), kem:execute(?DOUBLE, I, #{})} end) || I <- Inputs],
+    [?assertEqual({ok, kem_ref:double_ref(I, byte_size(I))}, receive {Pid, R} -> R end)
+     || {Pid, I} <- lists:zip(Pids, Inputs)],
+    %% One-off files of the callers that found no slot are gone.
+    ?assertEqual([], [F || F <- payload_files(), not lists:prefix("slot", F)]).
+
+a_planted_link_in_a_slot_is_never_written_through() ->
+    Dir = kem_shm_dir:path(),
+    ok = wait_until(fun() -> payload_files() =:= [] end, 8000),
+    Victim = filename:join("/tmp", "kem_shm_victim_" ++ os:getpid()),
+    ok = file:write_file(Victim, <<"keep me">>),
+    ok = file:make_symlink(Victim, filename:join(Dir, "slot1.in.3")),
+    Input = crypto:strong_rand_bytes(?SLOT_MIN + 5),
+    ?assertEqual({ok, kem_ref:double_ref(Input, 9)}, kem:execute(?DOUBLE, Input, #{output_size => 9})),
+    ?assertEqual({ok, <<"keep me">>}, file:read_file(Victim)),
+    ?assertEqual([], payload_files()),  % the slot was emptied, the link too
+    ok = file:delete(Victim).
+
+slot_files_are_gone_when_the_caller_is_killed() ->
+    [Port] = kem_sup:port_names(),
+    ok = wait_until(fun() -> payload_files() =:= [] end, 8000),
+    Holder = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 1500}, 10000) end),
+    Big = crypto:strong_rand_bytes(?SLOT_MIN + 7),
+    Caller = spawn(fun() -> kem:execute(?DOUBLE, Big, #{output_size => 8}) end),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 2 end, 5000),
+    ?assertEqual(8, length(payload_files())),
+    [?assertEqual(8#600, mode(filename:join(kem_shm_dir:path(), F))) || F <- payload_files()],
+    exit(Caller, kill),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) =:= 0 end, 10000),
+    ?assertEqual(ok, wait_until(fun() -> payload_files() =:= [] end, 2000)),
+    ?assertNot(is_process_alive(Holder)).
+
+%% A slot kept from an earlier call and the slot of a call in flight are
+%% both emptied when the port is lost; the next call is right again.
+kept_files_go_when_the_port_is_lost() ->
+    [Port] = kem_sup:port_names(),
+    Parent = self(),
+    %% Two calls held on the port together: both slots taken, then kept.
+    Holder = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 1000}, 10000) end),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 1 end, 5000),
+    Kept = [crypto:strong_rand_bytes(?SLOT_MIN + K) || K <- [1, 2]],
+    [spawn(fun() -> Parent ! {kept, I, kem:execute(?DOUBLE, I, #{output_size => 5})} end) || I <- Kept],
+    [receive {kept, I, R} -> ?assertEqual({ok, kem_ref:double_ref(I, 5)}, R) end || I <- Kept],
+    ?assertEqual(32, length(payload_files())),
+    ?assertNot(is_process_alive(Holder)),
+    %% A third call in flight (in slot 1) when the port is lost.
+    _ = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 3000}, 10000) end),
+    Big = crypto:strong_rand_bytes(?SLOT_MIN + 3),
+    _ = spawn(fun() -> Parent ! {lost, kem:execute(?DOUBLE, Big, #{output_size => 8})} end),
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 2 end, 5000),
+    os:cmd("kill -9 " ++ integer_to_list(kem_port:os_pid(Port))),
+    receive {lost, Result} -> ?assertMatch({error, {_, _}}, Result) after 20000 -> error(no_answer) end,
+    ?assertEqual([], payload_files()),
+    ok = wait_until(fun() -> (catch kem:execute(?DOUBLE, <<1, 3, 5, 7>>, #{})) =:= {ok, <<2, 6, 10, 14>>} end, 10000),
+    Again = crypto:strong_rand_bytes(?SLOT_MIN + 3),
+    ?assertEqual({ok, kem_ref:double_ref(Again, 6)}, kem:execute(?DOUBLE, Again, #{output_size => 6})).
+
 %%% when /dev/shm fails: the pipe, never a failed start or a crash
 
 unusable_root_test_() ->
@@ -149,16 +253,24 @@ read_only_test_() ->
 full_test_() ->
     tmpfs_fixture("size=64k", fun full_shm_falls_back_to_the_pipe/0).
 
+%% The same through kept part files (kem_shm_slots): what could not be
+%% written is deleted, and the call answered through the pipe.
+full_slots_test_() ->
+    tmpfs_fixture("size=64k", [{shm_slot_threshold, 16384}], fun full_shm_falls_back_to_the_pipe/0).
+
 %% A tmpfs of our own for /dev/shm's failures (needs root; CI runs as root:
 %% without it the fixture says so and tests nothing).
 tmpfs_fixture(Options, Test) ->
+    tmpfs_fixture(Options, [], Test).
+
+tmpfs_fixture(Options, Env, Test) ->
     {setup,
      fun() ->
          Mount = filename:join("/tmp", "kem_shm_mount_" ++ os:getpid()),
          ok = filelib:ensure_dir(filename:join(Mount, "x")),
          case os:cmd("mount -t tmpfs -o " ++ Options ++ " kem_test " ++ Mount ++ " 2>&1 && echo mounted") of
              "mounted\n" ->
-                 {Mount, start([{shm_root, Mount}, {shm_threshold, 16384}])};
+                 {Mount, start([{shm_root, Mount}, {shm_threshold, 16384} | Env])};
              Why ->
                  io:format(user, "~nkem_shm_tests: cannot mount a tmpfs (~s); skipped~n", [string:trim(Why)]),
                  {Mount, none}
