@@ -68,6 +68,23 @@ class GpuLoop:
         except queue.Full:
             raise QueueFull from None
 
+    def put_many(self, jobs: list[Job]) -> list[Job]:
+        """Queue jobs in one hand-off (one lock, one wake-up of the GPU
+        thread); return those the queue had no room for.
+
+        queue.Queue has no batch put; its documented subclassing hooks
+        (_put, _qsize) and conditions are used under its own mutex. One
+        put_nowait per job woke the GPU thread up to once per job."""
+        q = self.queue
+        with q.not_full:
+            room = len(jobs) if q.maxsize <= 0 else max(0, q.maxsize - q._qsize())
+            for job in jobs[:room]:
+                q._put(job)
+            if room and jobs:
+                q.unfinished_tasks += min(room, len(jobs))
+                q.not_empty.notify()
+        return jobs[room:]
+
     def describe(self) -> dict:
         return {"queue_depth": self.queue.qsize(), "batch_cap": self.sizer.limit()}
 
