@@ -157,3 +157,23 @@ def test_timeouts_inside_a_calls_frame():
         for fut in patient:
             assert np.array_equal(np.frombuffer(fut.result(30), dtype=np.uint32), x * 2)
         busy.result(30)
+
+
+def test_a_calls_frame_over_the_queue_limit_refuses_only_the_extra_calls(rng):
+    """The GPU is busy: of a calls frame of 12 calls on a port that queues
+    8, the first 8 are served (values vs numpy) and 4 hear overloaded;
+    the queue holds nothing afterwards."""
+    with start_port(KEM_QUEUE_LIMIT="8") as client:
+        client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
+        time.sleep(0.2)
+        inputs = [rng.integers(0, 2**31, int(rng.integers(1, 500)), dtype=np.uint32) for _ in range(12)]
+        futures = client.call_batch_async([("execute_kernel", b"double", x.tobytes(), 1) for x in inputs])
+        outcomes = []
+        for x, fut in zip(inputs, futures):
+            try:
+                assert np.array_equal(np.frombuffer(fut.result(30), dtype=np.uint32), x * np.uint32(2))
+                outcomes.append("ok")
+            except PortError as exc:
+                outcomes.append(exc.reason)
+        assert outcomes == ["ok"] * 8 + ["overloaded"] * 4
+        assert client.call("stats")[terms.atom("held_calls")] == 0
