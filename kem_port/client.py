@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from kem_port import terms
+from kem_port.batch_frames import encode_calls, split_replies
 from kem_port.framing import HEADER, read_frame
 
 
@@ -96,11 +97,37 @@ class PortClient:
         fut: Future = Future()
         with self._lock:
             self._pending[req_id] = fut
-        term: tuple = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
-        if timeout_ms is not None:
-            term += (timeout_ms,)
-        self.send_raw(terms.encode(term))
+        self.send_raw(terms.encode(self._request(req_id, method, args, timeout_ms)))
         return fut
+
+    def call_batch_async(self, calls: list[tuple], timeout_ms: int | None = None) -> list[Future]:
+        """Send calls (each ``(method, *args)``) in one calls frame, as the
+        Erlang owner does when many callers wait (batch_frames.py)."""
+        futures: list[Future] = []
+        frames: list[bytes] = []
+        for method, *args in calls:
+            req_id = next(self._ids)
+            fut: Future = Future()
+            with self._lock:
+                self._pending[req_id] = fut
+            futures.append(fut)
+            frames.append(terms.encode(self._request(req_id, method, args, timeout_ms)))
+        self.send_raw(encode_calls(frames))
+        return futures
+
+    def call_raw_batch(self, frames: list[bytes], req_ids: list[int]) -> list[Future]:
+        """Send hand-made request frames (possibly hostile) in one calls
+        frame; futures for the replies to req_ids."""
+        futures = [Future() for _ in req_ids]
+        with self._lock:
+            self._pending.update(zip(req_ids, futures))
+        self.send_raw(encode_calls(frames))
+        return futures
+
+    @staticmethod
+    def _request(req_id: int, method: str, args: Any, timeout_ms: int | None) -> tuple:
+        term: tuple = (terms.atom("call"), req_id, terms.atom(method), tuple(terms.to_term(a) for a in args))
+        return term + (timeout_ms,) if timeout_ms is not None else term
 
     def call_raw(self, build: Callable[[int], bytes], timeout: float = 60.0) -> Any:
         """Send the frame build(ReqId) makes (a hand-made, possibly hostile
@@ -130,7 +157,12 @@ class PortClient:
             body = read_frame(fd, 1 << 40)
             if body is None:
                 break
-            self._dispatch(terms.decode(body))
+            results = split_replies(body)
+            if results is None:
+                self._dispatch(terms.decode(body))
+                continue
+            for req_id, data in results:  # a replies frame (batch_frames.py)
+                self._dispatch((terms.atom("reply"), req_id, (terms.atom("ok"), terms.Binary(data))))
         with self._lock:
             pending, self._pending = self._pending, {}
         error = PortError(*self.fatal) if self.fatal else PortError("port_exited", str(self.proc.poll()))

@@ -15,6 +15,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from kem_port.batch_frames import replies_frame
+from kem_port.terms import ok_binary_reply
+
 HEADER = struct.Struct(">I")
 _DISCARD_CHUNK = 1 << 20
 
@@ -87,6 +90,11 @@ def _discard(fd: int, size: int) -> None:
 
 
 _IOV_MAX = 512  # buffers per writev, well under Linux's 1024
+# Results in one replies frame (batch_frames.py): Erlang keeps a sub-binary
+# of the frame per result, so a result held for long keeps at most this
+# much of the frame alive; 64 small results are ~1 KiB.
+REPLIES_BYTES = 1 << 20
+REPLIES_CALLS = 256
 
 
 class FrameWriter:
@@ -97,13 +105,19 @@ class FrameWriter:
     system call instead of one each (~9 us a reply to a pipe here). Only
     frames made of ``bytes`` are held; a frame that points into memory the
     caller will reuse (a mapped GPU buffer) is written at once, after
-    whatever was held, so order is kept.
+    whatever was held, so order is kept. Binary results held there
+    (:meth:`write_result`) go out as one replies frame (batch_frames.py),
+    which Erlang splits with sub-binaries: one port message for the batch.
     """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()
         self._local = threading.local()
+        # Replies frames go only to a peer that has sent a calls frame (the
+        # node's kem_port.erl): a peer that sends one call a frame, such as
+        # a hand-made client, keeps reading one reply a frame.
+        self.replies_frames = False
 
     def write(self, parts: Sequence[bytes | memoryview]) -> None:
         total = sum(len(p) for p in parts)
@@ -117,13 +131,27 @@ class FrameWriter:
             held.clear()
         self._write(views)
 
+    def write_result(self, req_id: int, payload: bytes | memoryview) -> None:
+        """``{reply, ReqId, {ok, Payload}}``, or a place in the replies frame
+        of the gathered block around it when the payload is held bytes."""
+        results: list | None = getattr(self._local, "results", None)
+        if results is not None and self.replies_frames and type(memoryview(payload).obj) is bytes:
+            results.append((req_id, payload))
+            return
+        self.write(ok_binary_reply(req_id, payload))
+
     @contextmanager
     def gathered(self) -> Iterator[None]:
         self._local.held = held = []
+        self._local.results = results = []
         try:
             yield
         finally:
             self._local.held = None
+            self._local.results = None
+            for parts in _result_frames(results):
+                held.append(memoryview(HEADER.pack(sum(len(p) for p in parts))))
+                held.extend(memoryview(p).cast("B") for p in parts)
             if held:
                 self._write(held)
 
@@ -135,6 +163,26 @@ class FrameWriter:
             except (BrokenPipeError, ConnectionResetError):
                 # The node closed our output: nobody is left to answer.
                 os._exit(0)
+
+
+def _result_frames(results: list[tuple[int, bytes | memoryview]]) -> Iterator[Sequence[bytes | memoryview]]:
+    """A lone result as its own reply frame (the node's lone-call path is
+    unchanged); more as replies frames of at most REPLIES_BYTES each."""
+    if len(results) == 1:
+        yield ok_binary_reply(*results[0])
+        return
+    chunk: list[tuple[int, bytes | memoryview]] = []
+    size = 0
+    for req_id, payload in results:
+        if chunk and (size + len(payload) > REPLIES_BYTES or len(chunk) == REPLIES_CALLS):
+            yield replies_frame(chunk)
+            chunk, size = [], 0
+        chunk.append((req_id, payload))
+        size += len(payload)
+    if len(chunk) == 1:
+        yield ok_binary_reply(*chunk[0])
+    elif chunk:
+        yield replies_frame(chunk)
 
 
 def write_all(fd: int, views: list[memoryview]) -> None:

@@ -68,6 +68,10 @@ class GpuLoop:
         except queue.Full:
             raise QueueFull from None
 
+    def put_many(self, jobs: list[Job]) -> list[Job]:
+        """Queue jobs in one hand-off; return those the queue had no room for."""
+        return _put_all(self.queue, jobs)
+
     def describe(self) -> dict:
         return {"queue_depth": self.queue.qsize(), "batch_cap": self.sizer.limit()}
 
@@ -223,3 +227,18 @@ class GpuLoop:
             log.exception("control action failed")
         finally:
             self._control_tag = None
+
+
+def _put_all(q: queue.Queue, jobs: list[Job]) -> list[Job]:
+    """Put jobs under one lock with one wake-up of the GPU thread (a calls
+    frame's jobs, intake.py); one put_nowait per job woke it up to once per
+    job. queue.Queue has no batch put: its documented subclassing hooks
+    (_put, _qsize) and conditions are used under its own mutex."""
+    with q.not_full:
+        room = len(jobs) if q.maxsize <= 0 else max(0, q.maxsize - q._qsize())
+        for job in jobs[:room]:
+            q._put(job)
+        if room and jobs:
+            q.unfinished_tasks += min(room, len(jobs))
+            q.not_empty.notify()
+    return jobs[room:]

@@ -23,7 +23,7 @@ from kem_port.terms import atom_name, binary_bytes
 KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_REQ_ID = (1 << 64) - 1
-PROTOCOL_VERSION = 2  # answered by the `version` method; the node checks it at start-up
+PROTOCOL_VERSION = 3  # 3: calls and replies frames (batch_frames.py); answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook", "warm")
 EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug")

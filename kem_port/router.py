@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kem_port import shm, terms, test_hooks, warm
+from kem_port.batch_frames import is_calls_frame, split_calls
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
@@ -82,7 +83,7 @@ class Router:
 
     def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
         if call.output_path is None:
-            self.writer.write(terms.ok_binary_reply(req_id, view))
+            self.writer.write_result(req_id, view)
             return
         # The reply carries only the size of the file the result went to.
         try:
@@ -95,6 +96,20 @@ class Router:
     # -- reader thread ----------------------------------------------------
 
     def handle_frame(self, frame: bytes) -> None:
+        """One frame off the pipe: a request, or a calls frame of many
+        (batch_frames.py), each of whose requests is read as a frame of its
+        own; their kernel calls reach the GPU queue together."""
+        calls = split_calls(frame) if is_calls_frame(frame) else None
+        if calls is None:
+            self._handle_request(frame)
+            return
+        self.writer.replies_frames = True
+        self.stats.inc("calls_frames")
+        with self.intake.together():
+            for request in calls:
+                self._handle_request(request)
+
+    def _handle_request(self, frame: bytes) -> None:
         req_id: Any = None
         try:
             call = parse_call(terms.decode_request(frame))

@@ -17,10 +17,11 @@ import threading
 from kem_port.admission.guard import guard_from_config
 from kem_port.admission.worker import COMPILE_STACK_BYTES
 from kem_port import log_frames, terms
+from kem_port.batch_frames import MAX_CALLS_FRAME_BYTES, is_calls_frame
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.etf_guard import peek_req_id
-from kem_port.framing import FrameWriter, OversizedFrame, read_frame
+from kem_port.framing import HEAD_KEPT, FrameWriter, OversizedFrame, read_frame
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
 from kem_port.native_stderr import CapturedStderr, forward
@@ -79,15 +80,21 @@ def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> in
     router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd), guard_from_config(config, stats))
     router.health.opened(open_error)
     router.start()
+    limit = max(config.max_frame_bytes, MAX_CALLS_FRAME_BYTES)
     try:
         while True:
             try:
-                frame = read_frame(in_fd, config.max_frame_bytes)
+                frame = read_frame(in_fd, limit)
             except OversizedFrame as exc:
                 router.reply_error(peek_req_id(exc.head), KemError("too_large", str(exc)))
                 continue
             if frame is None:
                 break
+            if len(frame) > config.max_frame_bytes and not is_calls_frame(frame):
+                # Read whole only because calls frames may be this large.
+                detail = str(OversizedFrame(len(frame), config.max_frame_bytes))
+                router.reply_error(peek_req_id(frame[:HEAD_KEPT]), KemError("too_large", detail))
+                continue
             router.handle_frame(frame)
     except (BrokenPipeError, ConnectionResetError):
         pass

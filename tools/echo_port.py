@@ -1,7 +1,8 @@
 """``python tools/echo_port.py``: kem's transport without a GPU, the ceiling
 the benchmark compares against.
 
-Same framing, codec and reply fast path as the real port; a kernel call is
+Same framing, codec and reply fast path as the real port, calls frames and
+replies frames included (kem_port/batch_frames.py); a kernel call is
 answered with its own input bytes, so a round trip moves the same payload
 both ways and does no GPU work.
 """
@@ -15,23 +16,41 @@ from kem_port.stdio_guard import claim_protocol_fds
 
 def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
-    from kem_port import terms
+    from kem_port.batch_frames import split_calls
     from kem_port.framing import FrameWriter, read_frame
-    from kem_port.protocol import version_info
 
+    answer = answerer()
     writer = FrameWriter(out_fd)
     while True:
         frame = read_frame(in_fd, 1 << 31)
         if frame is None:
             os._exit(0)
+        calls = split_calls(frame)
+        if calls is None:
+            answer(writer, frame)
+            continue
+        writer.replies_frames = True
+        with writer.gathered():  # the real port answers a calls frame's results as one replies frame
+            for request in calls:
+                answer(writer, request)
+
+
+def answerer():
+    """Answers one request frame (imported late: stdout is claimed first)."""
+    from kem_port import terms
+    from kem_port.protocol import version_info
+
+    def answer(writer, frame: bytes) -> None:
         _, req_id, method, args = terms.decode(frame)[:4]  # a 5th element: the call's timeout
         name = terms.atom_name(method)
         if name in ("execute_kernel", "execute_kernel_with_params", "execute"):
-            writer.write(terms.ok_binary_reply(req_id, terms.binary_bytes(args[1])))
+            writer.write_result(req_id, terms.binary_bytes(args[1]))
         elif name == "version":  # the node's start-up check, as the real port answers it
             writer.write([terms.ok_reply(req_id, version_info())])
         else:
             writer.write([terms.ok_reply(req_id, terms.atom("pong"))])
+
+    return answer
 
 
 if __name__ == "__main__":

@@ -40,6 +40,16 @@
 %% reached the port, so it is safe to send again to the replacement.
 -define(RETRY, '$kem_port_retry').
 -define(RESENDS, 3).
+%% Calls frames (queue_call/3): measured in docs/protocol.md, "Batch frames".
+-define(BATCH_CALLS, 64).
+-define(BATCH_BYTES, 1048576).
+-define(BATCH_ITEM_BYTES, 65536).
+%% The ETF heads of `{calls, [...]}' and `{replies, Index, Blob}', written
+%% and matched here byte for byte (kem_port/batch_frames.py writes the same).
+-define(CALLS_HEAD, 131, 104, 2, 119, 5, "calls", 108).
+-define(REPLIES_HEAD, 131, 104, 3, 119, 7, "replies", 109).
+-define(BINARY_EXT, 109).
+-define(NIL_EXT, 106).
 
 -type reason() :: {atom(), term()}.
 -export_type([reason/0]).
@@ -239,6 +249,7 @@ restarting(Index, Flag) ->
 
 new_state(Name, Index, Port, OsPid, Next) ->
     #{name => Name, index => Index, port => Port, next => Next, pending => #{}, probes => #{}, os_pid => OsPid,
+      out => [], out_n => 0, out_bytes => 0,
       seen => maps:from_list([{S, true} || S <- kem_spare:shapes()]), warm_limit => kem_warm:limit()}.
 
 %% @doc Open a Python `kem_port' process with the node's shared-memory
@@ -253,22 +264,15 @@ open_port_process(ShmDir, Env) ->
 
 handle_call({call, Method, Args, Timeout}, From, State)
         when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
-    #{port := Port, next := Id, pending := Pending} = State,
-    try port_command(Port, term_to_binary(request(Id, Method, Args, Timeout))) of
-        true ->
-            TRef = case Timeout of
-                infinity -> undefined;
-                _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
-            end,
-            Shape = kem_warm:shape(Method, Args),
-            {noreply, State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}}}
-    catch
-        error:badarg ->
-            %% The port closed under us (killed); its eof may still
-            %% be in the mailbox. Stop now: terminate answers every caller;
-            %% this call never reached the port, so it goes to the next one.
-            stop_port_exited(closed, ?RETRY, State)
-    end;
+    #{next := Id, pending := Pending} = State,
+    Frame = term_to_binary(request(Id, Method, Args, Timeout)),
+    TRef = case Timeout of
+        infinity -> undefined;
+        _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
+    end,
+    Shape = kem_warm:shape(Method, Args),
+    Queued = State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}},
+    settle(queue_call(Id, Frame, Queued));
 handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
     {reply, OsPid, State};
 handle_call(_Bad, _From, State) ->
@@ -278,7 +282,29 @@ handle_call(_Bad, _From, State) ->
 handle_cast(_Msg, State) ->
     {noreply, State}.
 
-handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
+%% Every message may end with calls still held for a calls frame: they go
+%% out once the mailbox is empty (settle/1).
+handle_info(Msg, State) ->
+    case info(Msg, State) of
+        {noreply, NewState} -> settle({ok, NewState});
+        Other -> Other
+    end.
+
+info(timeout, State) ->
+    %% The mailbox emptied with calls held (settle/1): send them now.
+    case flush(State) of
+        {ok, Sent} -> {noreply, Sent};
+        {closed, Held} -> stop_port_exited(closed, Held)
+    end;
+info({Port, {data, <<?REPLIES_HEAD, ISize:32, Index:ISize/binary, ?BINARY_EXT, BSize:32, Blob:BSize/binary>>}},
+     State = #{port := Port}) ->
+    case split_replies(Index, Blob, 0, []) of
+        {ok, Replies} ->
+            {noreply, lists:foldl(fun handle_reply/2, State, Replies)};
+        bad ->
+            stop_port_exited(corrupt_frame, State)
+    end;
+info({Port, {data, Frame}}, State = #{port := Port}) ->
     case decode(Frame) of
         {bad_frame, _} ->
             %% Our own port wrote something that is not a term: the stream is
@@ -289,25 +315,26 @@ handle_info({Port, {data, Frame}}, State = #{port := Port}) ->
         Reply ->
             {noreply, handle_reply(Reply, State)}
     end;
-handle_info({call_timeout, Id}, State = #{pending := Pending}) ->
+info({call_timeout, Id}, State = #{pending := Pending}) ->
     case maps:find(Id, Pending) of
         {ok, _} -> kem_timeout:call_timed_out(Id, State);
         error -> {noreply, State}
     end;
-handle_info({probe_timeout, ProbeId}, State) ->
+info({probe_timeout, ProbeId}, State) ->
     kem_timeout:probe_unanswered(ProbeId, State);
-handle_info({Port, eof}, State = #{port := Port}) ->
+info({Port, eof}, State = #{port := Port}) ->
     port_output_closed(State);
-handle_info({'EXIT', Port, Reason}, State = #{port := Port}) ->
+info({'EXIT', Port, Reason}, State = #{port := Port}) ->
     stop_port_exited(Reason, State);
-handle_info(_Other, State) ->
+info(_Other, State) ->
     {noreply, State}.
 
 %% Crash reports and sys:get_status must never print a payload: a request
 %% can carry hundreds of MB, and formatting it stalls the dying process while
 %% it still holds the registered name.
 format_status(Status) ->
-    maps:map(fun(state, S) when is_map(S) -> S#{pending := maps:size(maps:get(pending, S, #{}))};
+    maps:map(fun(state, S) when is_map(S) ->
+                     S#{pending := maps:size(maps:get(pending, S, #{})), out := maps:get(out_n, S, 0)};
                 (message, {call, Method, _Args, Timeout}) -> {call, Method, '...', Timeout};
                 (message, {Port, {data, Frame}}) when is_binary(Frame) -> {Port, {data, byte_size(Frame)}};
                 (_, Value) -> Value
@@ -332,13 +359,13 @@ port_output_closed(State = #{port := Port, os_pid := OsPid}) ->
     close_port(Port, OsPid, later),
     stop_port_exited(output_closed, State).
 
-stop_port_exited(Status, Reply, State) ->
-    {stop, Stop, NewState} = stop_port_exited(Status, State),
-    {stop, Stop, Reply, NewState}.
-
-terminate(Reason, State = #{pending := Pending, index := Index}) ->
+terminate(Reason, State = #{pending := Pending, index := Index, out := Held}) ->
     restarting(Index, true),
-    [gen_server:reply(From, pending_answer(Reason, Method)) || {From, _, Method, _} <- maps:values(Pending)],
+    %% Calls held for a calls frame never reached the port: sent again.
+    Unsent = [Id || {Id, _Frame} <- Held],
+    [gen_server:reply(From, ?RETRY) || {From, _, _, _} <- maps:values(maps:with(Unsent, Pending))],
+    [gen_server:reply(From, pending_answer(Reason, Method))
+     || {From, _, Method, _} <- maps:values(maps:without(Unsent, Pending))],
     retry_unsent(),
     close(State, Reason),
     ok.
@@ -366,6 +393,72 @@ retry_unsent() ->
     end.
 
 %%% internals
+
+%% Calls frames (docs/protocol.md, "Batch frames"): while more messages
+%% wait in the owner's mailbox a call is held, and the held calls go out as
+%% one `{calls, [Frame]}' frame when the mailbox is empty, ?BATCH_CALLS are
+%% held or ?BATCH_BYTES; a lone caller's call finds the mailbox empty and
+%% goes out at once, as its own frame. A call over ?BATCH_ITEM_BYTES goes
+%% alone, after what is held (order kept).
+queue_call(_Id, Frame, State) when byte_size(Frame) > ?BATCH_ITEM_BYTES ->
+    case flush(State) of
+        {ok, Flushed} -> send(Frame, Flushed);
+        Closed -> Closed
+    end;
+queue_call(Id, Frame, State = #{out := Held, out_n := N, out_bytes := Bytes}) ->
+    Queued = State#{out := [{Id, Frame} | Held], out_n := N + 1, out_bytes := Bytes + byte_size(Frame)},
+    case N + 1 >= ?BATCH_CALLS orelse Bytes + byte_size(Frame) >= ?BATCH_BYTES of
+        true -> flush(Queued);
+        false -> {ok, Queued}
+    end.
+
+%% The reply of a callback: with calls held, send them now if nothing else
+%% waits in the mailbox, or come back (timeout 0) once it is empty.
+settle({ok, State = #{out_n := 0}}) ->
+    {noreply, State};
+settle({ok, State}) ->
+    case erlang:process_info(self(), message_queue_len) of
+        {message_queue_len, 0} -> settle(flush(State));
+        _ -> {noreply, State, 0}
+    end;
+settle({closed, State}) ->
+    %% The port closed under us (killed); its eof may still be in the
+    %% mailbox. Stop now: terminate answers every caller, and the held
+    %% calls, which never reached the port, go to the next one.
+    stop_port_exited(closed, State).
+
+flush(State = #{out_n := 0}) ->
+    {ok, State};
+flush(State = #{out := [{_Id, Frame}]}) ->
+    send(Frame, State#{out := [], out_n := 0, out_bytes := 0}, State);
+flush(State = #{out := Held, out_n := N}) ->
+    Items = lists:foldl(fun({_Id, Frame}, Acc) -> [[<<?BINARY_EXT, (byte_size(Frame)):32>>, Frame] | Acc] end,
+                        [], Held),
+    send([<<?CALLS_HEAD, N:32>>, Items, <<?NIL_EXT>>], State#{out := [], out_n := 0, out_bytes := 0}, State).
+
+send(Frame, State) ->
+    send(Frame, State, State).
+
+%% Sent: {ok, Sent}; the port is closed: {closed, Held} (with what it held).
+send(Frame, Sent, Held = #{port := Port}) ->
+    try port_command(Port, Frame) of
+        true -> {ok, Sent}
+    catch
+        error:badarg -> {closed, Held}
+    end.
+
+%% {ReqId, {ok, Result}} for each entry of a replies frame's index; bad if
+%% the index and the blob disagree (then no reply of it can be trusted).
+%% A result is a sub-binary of the frame (no copy); one of at most 64 bytes
+%% is copied, which costs nothing and keeps the frame from being held.
+split_replies(<<Id:64, Size:32, Rest/binary>>, Blob, Offset, Acc) when Offset + Size =< byte_size(Blob) ->
+    Part = binary:part(Blob, Offset, Size),
+    Result = case Size =< 64 of true -> binary:copy(Part); false -> Part end,
+    split_replies(Rest, Blob, Offset + Size, [{reply, Id, {ok, Result}} | Acc]);
+split_replies(<<>>, Blob, Offset, Acc) when Offset =:= byte_size(Blob) ->
+    {ok, Acc};
+split_replies(_Index, _Blob, _Offset, _Acc) ->
+    bad.
 
 handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
     case maps:take(Id, Pending) of

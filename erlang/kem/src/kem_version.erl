@@ -1,5 +1,5 @@
 %%% @doc The two halves check each other at every port start: the port
-%%% answers `version' with `#{package => <<"0.2.0">>, protocol => 2}'; the
+%%% answers `version' with `#{package => <<"0.2.0">>, protocol => 3}'; the
 %%% protocol must be the one this app speaks and the package must have this
 %%% app's major.minor version (a patch release of either half may differ).
 %%% A port from before the handshake (kem_port < 0.2.0) answers
@@ -7,7 +7,7 @@
 -module(kem_version).
 -export([check/1, protocol/0, app_vsn/0]).
 
--define(PROTOCOL, 2).
+-define(PROTOCOL, 3).
 
 -spec protocol() -> pos_integer().
 protocol() -> ?PROTOCOL.

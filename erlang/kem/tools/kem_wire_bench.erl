@@ -1,0 +1,93 @@
+%%% @doc The port boundary under many callers (docs/protocol.md, "Batch
+%%% frames"): calls/s for 1 and 64 callers, a lone call's p50/p99, and what
+%%% each call costs in CPU on both sides of the pipe: the port process (all
+%%% threads, and its reader thread alone, from /proc) and the Erlang VM.
+%%% kem and the echo port (tools/echo_port.py: same framing, no GPU) in the
+%%% same run. `scripts/bench wire'.
+-module(kem_wire_bench).
+-export([run/1]).
+
+-define(SMALL, <<1, 3, 5, 7>>).
+
+%% @doc Seconds per rate measurement.
+-spec run(pos_integer()) -> ok.
+run(Seconds) ->
+    logger:set_primary_config(level, error),
+    {ok, _} = application:ensure_all_started(kem),
+    {ok, Echo} = kem_port:start_script(echo_tool()),
+    Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
+    EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
+    port(<<"kem">>, Kem, kem_port:os_pid(kem_port_1), Seconds),
+    port(<<"echo">>, EchoCall, kem_port:os_pid(Echo), Seconds).
+
+port(Name, Call, OsPid, Seconds) ->
+    {P50, P99} = latency(Call, 2000),
+    One = rate(Call, 1, Seconds),
+    {Many, Cpu} = with_cpu(OsPid, fun() -> rate(Call, 64, Seconds) end),
+    #{all := All, reader := Reader, vm := Vm} = per_call(Cpu, Many * Seconds),
+    ok = io:format("~s: lone call p50 ~b us p99 ~b us | 1 caller ~b calls/s | 64 callers ~b calls/s | "
+              "CPU per call at 64: port ~.1f us (reader ~.1f us), Erlang VM ~.1f us~n",
+              [Name, P50, P99, round(One), round(Many), All, Reader, Vm]).
+
+latency(Call, N) ->
+    [Call() || _ <- lists:seq(1, 100)],
+    Sorted = lists:sort([begin T = now_us(), Call(), now_us() - T end || _ <- lists:seq(1, N)]),
+    {lists:nth(N div 2, Sorted), lists:nth(N * 99 div 100, Sorted)}.
+
+rate(Call, Callers, Seconds) ->
+    Parent = self(),
+    Deadline = now_us() + Seconds * 1000000,
+    Pids = [spawn_link(fun() -> Parent ! {self(), loop(Call, Deadline, 0)} end) || _ <- lists:seq(1, Callers)],
+    Started = now_us(),
+    Total = lists:sum([receive {Pid, N} -> N end || Pid <- Pids]),
+    Total / ((now_us() - Started) / 1.0e6).
+
+loop(Call, Deadline, N) ->
+    case now_us() < Deadline of
+        true -> Call(), loop(Call, Deadline, N + 1);
+        false -> N
+    end.
+
+with_cpu(OsPid, Fun) ->
+    Before = {threads(OsPid), vm_ms()},
+    Result = Fun(),
+    {Result, {Before, {threads(OsPid), vm_ms()}, OsPid}}.
+
+per_call({{T0, V0}, {T1, V1}, OsPid}, Calls) ->
+    Ticks = fun(M) -> lists:sum(maps:values(M)) end,
+    Main = fun(M) -> maps:get(OsPid, M, 0) end,
+    Us = fun(TicksSpent) -> TicksSpent * 10000 / Calls end,  % 100 ticks a second
+    #{all => Us(Ticks(T1) - Ticks(T0)), reader => Us(Main(T1) - Main(T0)), vm => (V1 - V0) * 1000 / Calls}.
+
+%% CPU ticks (user + system) of each thread of OsPid; the main thread's id
+%% is the process id (the port's reader thread).
+threads(OsPid) ->
+    Dir = "/proc/" ++ integer_to_list(OsPid) ++ "/task",
+    {ok, Tids} = file:list_dir(Dir),
+    maps:from_list([{list_to_integer(Tid), ticks(filename:join([Dir, Tid, "stat"]))} || Tid <- Tids]).
+
+ticks(Path) ->
+    case file:read_file(Path) of
+        {ok, Stat} ->
+            [_, After] = string:split(Stat, ")", trailing),
+            Fields = string:lexemes(After, " "),
+            binary_to_integer(lists:nth(12, Fields)) + binary_to_integer(lists:nth(13, Fields));
+        _ -> 0
+    end.
+
+vm_ms() ->
+    {Ms, _} = erlang:statistics(runtime),
+    Ms.
+
+now_us() -> erlang:monotonic_time(microsecond).
+
+echo_tool() ->
+    find_tool(filename:dirname(filename:absname(code:which(?MODULE)))).
+
+find_tool(Dir) ->
+    Candidate = filename:join([Dir, "tools", "echo_port.py"]),
+    case filelib:is_regular(Candidate) of
+        true -> Candidate;
+        false when Dir =:= "/" -> error({tool_not_found, "echo_port.py"});
+        false -> find_tool(filename:dirname(Dir))
+    end.
