@@ -14,12 +14,12 @@ import pytest
 import reference
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu.calls import FileInput, Job, KernelCall
+from kem_port.gpu.calls import FileInput, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.kernel_store import default_stores
 from kem_port.shm import READ_LATE, SharedMemory
 from kem_port import terms
 from kem_port.stats import Stats
+from executor_helpers import run_double
 
 
 @pytest.fixture(scope="module", params=["native", "wrappers"])
@@ -27,16 +27,6 @@ def executor(request):
     ex = Executor(Config(hot_path=request.param), Stats())
     ex.open()
     return ex
-
-
-def run(executor, calls: list[KernelCall]) -> list:
-    double = default_stores(None)[0].lookup("double")
-    got: list[list] = [[] for _ in calls]
-    jobs = [Job(c, double, reply=lambda v, k=k: got[k].append(bytes(v)), fail=lambda e, k=k: got[k].append(e))
-            for k, c in enumerate(calls)]
-    executor.run(jobs)
-    assert all(len(g) == 1 for g in got)
-    return [g[0] for g in got]
 
 
 def test_file_inputs_of_several_sizes_match_numpy(executor, tmp_path, rng):
@@ -52,7 +42,7 @@ def test_file_inputs_of_several_sizes_match_numpy(executor, tmp_path, rng):
     calls.append(KernelCall("double", small, 100))
     expected.append(reference.double(small, 100))
     for _ in range(2):  # again: the pooled upload buffers are mapped anew
-        assert run(executor, calls) == expected
+        assert run_double(executor, calls) == expected
 
 
 def test_a_file_that_shrank_fails_alone_with_a_clear_error(executor, tmp_path, rng):
@@ -62,7 +52,7 @@ def test_a_file_that_shrank_fails_alone_with_a_clear_error(executor, tmp_path, r
     bad.write_bytes(data)
     calls = [KernelCall("double", FileInput(str(bad), len(data)), 64), KernelCall("double", FileInput(str(good), len(data)), 64)]
     os.truncate(bad, READ_LATE)  # after the request was checked, before the batch reads it
-    first, second = run(executor, calls)
+    first, second = run_double(executor, calls)
     assert isinstance(first, KemError) and first.reason == "bad_args" and "shrank" in first.detail
     assert second == reference.double(data, 64)
 

@@ -15,8 +15,8 @@ import pytest
 from conftest import start_port
 from kem_port import terms
 from kem_port.client import PortError
-from kem_port.errors import KemError
 from kem_port.shm import SharedMemory, private_directory, write_result
+from executor_helpers import reason_of
 
 
 @pytest.fixture
@@ -24,14 +24,6 @@ def shm_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "kem-test"
     directory.mkdir(mode=0o700)
     return directory
-
-
-def reason_of(fn, *args) -> str | None:
-    try:
-        fn(*args)
-    except KemError as exc:
-        return exc.reason
-    return None
 
 
 def test_a_fifo_at_the_input_path_is_refused_at_once(shm_dir):

@@ -19,11 +19,11 @@ from conftest import start_port
 from kem_port import bulk_io, terms
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu.calls import FileParts, Job, KernelCall
+from kem_port.gpu.calls import FileParts, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.kernel_store import default_stores
 from kem_port.shm import MAX_PARTS, READ_LATE, SharedMemory, write_result
 from kem_port.stats import Stats
+from executor_helpers import run_double, reason_of
 
 
 @pytest.fixture
@@ -40,14 +40,6 @@ def executor(request):
     return ex
 
 
-def reason_of(fn, *args) -> str | None:
-    try:
-        fn(*args)
-    except KemError as exc:
-        return exc.reason
-    return None
-
-
 def write_parts(directory: Path, name: str, data: bytes, cuts: list[int]) -> list:
     """data cut at `cuts` into files name.0, name.1, ...; their paths as
     the node sends them (binaries)."""
@@ -57,16 +49,6 @@ def write_parts(directory: Path, name: str, data: bytes, cuts: list[int]) -> lis
         path.write_bytes(data[a:b])
         paths.append(terms.to_term(str(path).encode()))
     return paths
-
-
-def run(executor, calls: list[KernelCall]) -> list:
-    double = default_stores(None)[0].lookup("double")
-    got: list[list] = [[] for _ in calls]
-    jobs = [Job(c, double, reply=lambda v, k=k: got[k].append(bytes(v)), fail=lambda e, k=k: got[k].append(e))
-            for k, c in enumerate(calls)]
-    executor.run(jobs)
-    assert all(len(g) == 1 for g in got)
-    return [g[0] for g in got]
 
 
 def test_inputs_in_parts_of_several_sizes_match_numpy(executor, shm_dir, rng):
@@ -82,7 +64,7 @@ def test_inputs_in_parts_of_several_sizes_match_numpy(executor, shm_dir, rng):
         calls.append(KernelCall("double", late, out))
         expected.append(reference.double(data, out))
     for _ in range(2):  # again: the pooled upload buffers are mapped anew
-        assert run(executor, calls) == expected
+        assert run_double(executor, calls) == expected
 
 
 def test_small_inputs_in_parts_are_read_at_once(shm_dir, rng):
@@ -97,7 +79,7 @@ def test_a_part_that_shrank_fails_alone_with_a_clear_error(executor, shm_dir, rn
     bad = memory.read_input(write_parts(shm_dir, "bad", data, [READ_LATE]))
     good = memory.read_input(write_parts(shm_dir, "good", data, [READ_LATE]))
     os.truncate(shm_dir / "bad.1", 7)  # after the request was checked, before the batch reads it
-    first, second = run(executor, [KernelCall("double", bad, 64), KernelCall("double", good, 64)])
+    first, second = run_double(executor, [KernelCall("double", bad, 64), KernelCall("double", good, 64)])
     assert isinstance(first, KemError) and first.reason == "bad_args" and "shrank" in first.detail
     assert second == reference.double(data, 64)
 
