@@ -119,3 +119,75 @@ def _atom(tag: int, name: bytes) -> Any:
     if len(_atoms) < _ATOM_CACHE:
         _atoms[bytes([tag]) + (len(name).to_bytes(1 if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8) else 2, "big")) + name] = value
     return value
+
+
+def _atom_forms(name: bytes) -> tuple[bytes, ...]:
+    """The four encodings of one atom: OTP 26+ writes SMALL_ATOM_UTF8, OTP 25
+    ATOM_EXT, erlang-py SMALL_ATOM_UTF8; the other two are legal too."""
+    n = len(name)
+    return (bytes([_SMALL_ATOM_UTF8, n]) + name, bytes([_ATOM, 0, n]) + name,
+            bytes([_SMALL_ATOM, n]) + name, bytes([_ATOM_UTF8, 0, n]) + name)
+
+
+_EXECUTE_HEADS = tuple(bytes([_VERSION, _SMALL_TUPLE, 5]) + form for form in _atom_forms(b"call"))
+_EXECUTE_METHODS = tuple(form + bytes([_SMALL_TUPLE, 3, _BINARY]) for form in _atom_forms(b"execute_kernel"))
+
+
+def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | None:
+    """(ReqId, KernelId, Input, Hint, TimeoutMs) when frame is exactly
+    ``{call, ReqId, execute_kernel, {KernelId, Input, Hint}, TimeoutMs}``
+    with binaries and non-negative integers, the one request the node sends
+    for nearly every small call; otherwise None (decode_hot and erlang-py).
+
+    One pass over the bytes and no term objects: 1.1 us (2.7 us with
+    hot_execute_kernel's checks and the KernelCall) against 6.5 us for
+    decode_hot's walk plus parse_call and kernel_call on the same frame
+    (timeit on the dev machine). The values are unchecked: the
+    caller (protocol.hot_execute_kernel) applies kem's limits."""
+    for head in _EXECUTE_HEADS:
+        if frame.startswith(head):
+            break
+    else:
+        return None
+    end = len(frame)
+    try:
+        pos, req_id = _uint_at(frame, len(head))
+        for method in _EXECUTE_METHODS:
+            if frame.startswith(method, pos):
+                break
+        else:
+            return None
+        start = pos + len(method) + 4
+        pos = start + _uint32(frame, start - 4)[0]
+        kernel_id = frame[start:pos]
+        if frame[pos] != _BINARY:
+            return None
+        start = pos + 5
+        pos = start + _uint32(frame, pos + 1)[0]
+        if pos > end:
+            return None
+        data = frame[start:pos]
+        pos, hint = _uint_at(frame, pos)
+        pos, timeout_ms = _uint_at(frame, pos)
+    except (_NotHot, IndexError, struct.error):
+        return None
+    return (req_id, kernel_id, data, hint, timeout_ms) if pos == end else None
+
+
+def _uint_at(data: bytes, i: int) -> tuple[int, int]:
+    """A non-negative integer of at most 8 bytes at i: (end, value)."""
+    tag = data[i]
+    if tag == _SMALL_INTEGER:
+        return i + 2, data[i + 1]
+    if tag == _INTEGER:
+        value = _int32(data, i + 1)[0]
+        if value < 0:
+            raise _NotHot
+        return i + 5, value
+    if tag == _SMALL_BIG:
+        size, sign = data[i + 1], data[i + 2]
+        end = i + 3 + size
+        if size > 8 or sign or end > len(data):
+            raise _NotHot
+        return end, int.from_bytes(data[i + 3 : end], "little")
+    raise _NotHot

@@ -36,6 +36,7 @@ from kem_port.protocol import (
     Call,
     RequestError,
     Shm,
+    hot_execute_kernel,
     kernel_call,
     parse_call,
 )
@@ -101,17 +102,28 @@ class Router:
         own; their kernel calls reach the GPU queue together."""
         calls = split_calls(frame) if is_calls_frame(frame) else None
         if calls is None:
-            self._handle_request(frame)
+            if self._handle_request(frame):
+                self.stats.inc("calls")
             return
         self.writer.replies_frames = True
         self.stats.inc("calls_frames")
+        hot = 0
         with self.intake.together():
             for request in calls:
-                self._handle_request(request)
+                hot += self._handle_request(request)
+        self.stats.inc("calls", hot)  # one lock for the frame's hot calls, not one each
 
-    def _handle_request(self, frame: bytes) -> None:
+    def _handle_request(self, frame: bytes) -> bool:
+        """Answer or queue one request; True when it was a hot
+        execute_kernel call the caller still has to count in ``calls``."""
         req_id: Any = None
+        hot_call = False
         try:
+            hot = hot_execute_kernel(frame, self.config)
+            if hot is not None:
+                req_id, hot_call = hot[0], True
+                self.intake.submit(*hot)
+                return True
             call = parse_call(terms.decode_request(frame))
             req_id = call.req_id
             self.stats.inc("calls")
@@ -123,6 +135,7 @@ class Router:
         except Exception:  # never let one request take the port down
             log.exception("internal error")
             self.reply_error(req_id, KemError("internal", "internal error (details in the node's log)"))
+        return hot_call
 
     def _route(self, call: Call) -> None:
         req_id, method, args = call.req_id, call.method, call.args
