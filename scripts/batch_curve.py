@@ -5,7 +5,14 @@ sets KEM_MAX_BATCH's default. Each size is run two ways in the same process:
 batches one after another (`run`: encode, submit, wait, deliver) and as a
 stream (`step`: each batch encoded while the previous one computes and
 delivered while the next one does), so the overlap's gain is a ratio.
-Usage: python scripts/batch_curve.py [out.json]"""
+
+``--stages N`` instead streams batches of N small calls through
+Executor.step and prints the host time a call spends in each of the
+executor's own stages (prepare, encode, submit, wait, read, answer; each
+method timed once per batch, so the timer costs nothing per call), three
+rounds; every result is checked against numpy. The figure to cut per-call
+Python on the GPU thread by (issue 14).
+Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R]"""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ import json
 import statistics
 import sys
 import time
+
+import numpy as np
 
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
@@ -44,7 +53,67 @@ def _streamed(executor: Executor, job, n: int, rounds: int) -> float:
     return n * rounds / (time.perf_counter() - started)
 
 
+STAGE_METHODS = (("prepare", "_prepare_all", False), ("encode", "encode", True), ("submit", "submit", True),
+                 ("wait", "wait", True), ("read", "read", True), ("answer", "answer_all", True))
+
+
+def _timed(owner: object, method: str, label: str, spent: dict[str, float]) -> None:
+    """Wrap owner.method (on the instance) to add its seconds to spent[label]."""
+    inner = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - started
+
+    setattr(owner, method, timed)
+
+
+def stage_profile(n: int, rounds: int) -> int:
+    """Per-call microseconds of each executor stage, n calls a batch, streamed."""
+    executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(n, 1)), Stats())
+    executor.open()
+    source = default_stores(None)[0].lookup("double")
+    spent = dict.fromkeys([label for label, _, _ in STAGE_METHODS], 0.0)
+    for label, method, on_stages in STAGE_METHODS:
+        _timed(executor.stages if on_stages else executor, method, label, spent)
+    results: dict[int, bytes] = {}
+
+    def job(k: int, data: bytes) -> Job:
+        return Job(KernelCall("double", data, len(data)), source,
+                   reply=lambda view: results.__setitem__(k, bytes(view)), fail=lambda error: results.__setitem__(k, error))
+
+    for round_no in range(4):  # the first warms up
+        inputs = np.random.default_rng().integers(0, 1 << 30, size=(rounds, n, 4), dtype=np.uint32)
+        batches = [[job(r * n + i, inputs[r, i].tobytes()) for i in range(n)] for r in range(rounds)]
+        results.clear()
+        for label in spent:
+            spent[label] = 0.0
+        started = time.perf_counter()
+        flight = None
+        for batch in batches:
+            flight = executor.step(flight, batch)
+        while flight is not None:
+            flight = executor.step(flight, [])
+        total = time.perf_counter() - started
+        expected = (inputs * 2).reshape(rounds * n, 4)
+        for k in range(rounds * n):
+            got = results.get(k)
+            assert isinstance(got, bytes) and np.array_equal(np.frombuffer(got, np.uint32), expected[k]), f"call {k}: {got!r}"
+        if round_no:
+            calls = rounds * n
+            parts = "  ".join(f"{label} {secs / calls * 1e6:.2f}" for label, secs in spent.items())
+            other = (total - sum(spent.values())) / calls * 1e6
+            print(f"batch {n}: {total / calls * 1e6:6.2f} us/call | {parts} | other {other:.2f}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--stages" in argv:
+        rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 400
+        return stage_profile(int(argv[argv.index("--stages") + 1]), rounds)
     stats = Stats()
     # KEM_* settings apply (e.g. KEM_POLL_SPIN_US, KEM_GPU_TIMING).
     executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(SIZES)), stats)
