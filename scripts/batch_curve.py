@@ -12,7 +12,10 @@ executor's own stages (prepare, encode, submit, wait, read, answer; each
 method timed once per batch, so the timer costs nothing per call), three
 rounds; every result is checked against numpy. The figure to cut per-call
 Python on the GPU thread by (issue 14).
-Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R]"""
+
+``--drain N`` times the GPU thread taking a batch of N queued jobs off its
+queue (GpuLoop._drain and _unexpired; no GPU), in microseconds a job.
+Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R] | --drain N"""
 
 from __future__ import annotations
 
@@ -110,7 +113,33 @@ def stage_profile(n: int, rounds: int) -> int:
     return 0
 
 
+def drain_profile(n: int, rounds: int = 2000) -> int:
+    """Microseconds a job for the GPU thread to take n queued jobs as a batch."""
+    from kem_port.gpu_loop import GpuLoop
+
+    config = Config.from_env()
+    loop = GpuLoop(Executor(config, Stats()), queue_limit=n + 1, max_batch=n, gathered=None)
+    loop.sizer.cap = n  # as learned at n calls a batch
+    source = default_stores(None)[0].lookup("double")
+    deadline = time.monotonic() + 3600  # the node sends one with every call
+    jobs = [Job(KernelCall("double", bytes(4), 4), source, reply=print, fail=print, deadline=deadline) for _ in range(n)]
+    for round_no in range(4):
+        spent = 0.0
+        for _ in range(rounds):
+            loop.put_many(jobs[1:])
+            started = time.perf_counter()
+            batch, control = loop._drain(jobs[0])
+            batch = loop._unexpired(batch)
+            spent += time.perf_counter() - started
+            assert len(batch) == n and control is None and loop.queue.empty()
+        if round_no:
+            print(f"drain {n}: {spent / rounds / n * 1e6:.3f} us a job", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--drain" in argv:
+        return drain_profile(int(argv[argv.index("--drain") + 1]))
     if "--stages" in argv:
         rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 400
         return stage_profile(int(argv[argv.index("--stages") + 1]), rounds)
