@@ -9,7 +9,8 @@ delivered while the next one does), so the overlap's gain is a ratio.
 ``--stages N`` instead streams batches of N small calls through
 Executor.step and prints the host time a call spends in each of the
 executor's own stages (prepare, encode, submit, wait, read, answer; each
-method timed once per batch, so the timer costs nothing per call), three
+method timed once per batch, so the timer costs nothing per call) and in
+the landed batch's cost() that the GPU loop's batch sizer reads, three
 rounds; every result is checked against numpy. The figure to cut per-call
 Python on the GPU thread by (issue 14).
 
@@ -79,7 +80,7 @@ def stage_profile(n: int, rounds: int) -> int:
     executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(n, 1)), Stats())
     executor.open()
     source = default_stores(None)[0].lookup("double")
-    spent = dict.fromkeys([label for label, _, _ in STAGE_METHODS], 0.0)
+    spent = dict.fromkeys([label for label, _, _ in STAGE_METHODS] + ["cost"], 0.0)
     for label, method, on_stages in STAGE_METHODS:
         _timed(executor.stages if on_stages else executor, method, label, spent)
     results: dict[int, bytes] = {}
@@ -96,10 +97,12 @@ def stage_profile(n: int, rounds: int) -> int:
             spent[label] = 0.0
         started = time.perf_counter()
         flight = None
-        for batch in batches:
-            flight = executor.step(flight, batch)
-        while flight is not None:
-            flight = executor.step(flight, [])
+        for batch in batches + [[]] * 2:
+            landed, flight = flight, executor.step(flight, batch)
+            if landed is not None:  # what GpuLoop._learn asks of every landed batch
+                asked = time.perf_counter()
+                landed.cost()
+                spent["cost"] += time.perf_counter() - asked
         total = time.perf_counter() - started
         expected = (inputs * 2).reshape(rounds * n, 4)
         for k in range(rounds * n):

@@ -58,14 +58,14 @@ class Flight:
     index: int | None = None  # its submission index, where the path has one
     spin_s: float = 0.0  # how long its wait spins before blocking (gpu/device.py)
     spent: float = 0.0  # seconds spent on it in all stages, waiting included
+    largest_call_bytes: int = 0  # its largest call's batch_bytes, found while encoding
 
     @property
     def jobs(self) -> list[Job]:
         return [item.job for item in self.items]
 
     def cost(self) -> BatchCost:
-        largest = max((job.call.batch_bytes for job in self.jobs), default=0)
-        return BatchCost(len(self.items), self.spent, largest)
+        return BatchCost(len(self.items), self.spent, self.largest_call_bytes)
 
     def take(self, kind: str, size: int) -> wgpu.GPUBuffer:
         buf = self.pool.take(kind, size)
@@ -96,20 +96,32 @@ class Stages:
         pool = self.device.pool
         assert pool is not None
         started = time.perf_counter()
-        # One stats update for the batch (each takes the stats lock).
-        self.stats.add_time("queue_wait", sum(started - item.job.enqueued for item in items))
+        # One pass over the calls for the batch's stats and the largest call
+        # (what cost() reports to the batch sizer): that took a generator
+        # per call in cost() on the GPU thread. One stats update each (each
+        # takes the stats lock).
+        waited = 0.0
+        bytes_in = largest = 0
+        for item in items:
+            call = item.job.call
+            waited += started - item.job.enqueued
+            size = len(call.input)
+            bytes_in += size
+            if size > largest or call.output_size > largest:
+                largest = max(size, call.output_size)
+        self.stats.add_time("queue_wait", waited)
         plan = BatchPlan(
             items, self.device.storage_align, self.device.uniform_align,
             self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
         )
-        flight = Flight(items, device, pool, self.device.hot)
+        flight = Flight(items, device, pool, self.device.hot, largest_call_bytes=largest)
         flight.spin_s = self.device.lone_spin_s if lone else self.device.spin_s
         try:
             self._record(flight, plan)
         except BaseException:
             flight.release()
             raise
-        self.stats.inc("bytes_in", sum(len(item.job.call.input) for item in items))
+        self.stats.inc("bytes_in", bytes_in)
         self._stage_done(flight, "upload_encode", started)
         return flight
 
