@@ -16,7 +16,14 @@ Python on the GPU thread by (issue 14).
 
 ``--drain N`` times the GPU thread taking a batch of N queued jobs off its
 queue (GpuLoop._drain and _unexpired; no GPU), in microseconds a job.
-Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R] | --drain N"""
+
+``--port N`` puts the whole port around it, in this process: a real Router
+fed calls frames of N execute_kernel requests (as the node batches N
+callers), each frame once the previous one's calls are answered, replies
+written by a FrameWriter to /dev/null (their values are --stages' to
+check). Prints calls/s, calls a batch and the GPU thread's own CPU time a
+call (its thread clock), split into its stages and the reply callbacks.
+Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R] | --drain N | --port N [--rounds R]"""
 
 from __future__ import annotations
 
@@ -61,16 +68,16 @@ STAGE_METHODS = (("prepare", "_prepare_all", False), ("encode", "encode", True),
                  ("wait", "wait", True), ("read", "read", True), ("answer", "answer_all", True))
 
 
-def _timed(owner: object, method: str, label: str, spent: dict[str, float]) -> None:
-    """Wrap owner.method (on the instance) to add its seconds to spent[label]."""
+def _timed(owner: object, method: str, label: str, spent: dict[str, float], clock=time.perf_counter) -> None:
+    """Wrap owner.method (on the instance) to add its seconds (by `clock`) to spent[label]."""
     inner = getattr(owner, method)
 
     def timed(*args, **kwargs):
-        started = time.perf_counter()
+        started = clock()
         try:
             return inner(*args, **kwargs)
         finally:
-            spent[label] += time.perf_counter() - started
+            spent[label] += clock() - started
 
     setattr(owner, method, timed)
 
@@ -140,7 +147,65 @@ def drain_profile(n: int, rounds: int = 2000) -> int:
     return 0
 
 
+def port_profile(n: int, rounds: int) -> int:
+    """The GPU thread's CPU a call through a real Router, n calls a frame."""
+    import os
+
+    from kem_port import batch_frames, terms
+    from kem_port.admission.guard import guard_from_config
+    from kem_port.framing import FrameWriter
+    from kem_port.kernel_store import KernelResolver
+    from kem_port.router import Router
+
+    sys.setswitchinterval(0.0002)  # as the port sets it (server.py)
+    config, stats = Config.from_env(), Stats()
+    executor = Executor(config, stats)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    router = Router(config, stats, executor, KernelResolver(default_stores(config.kernel_dir), None), FrameWriter(sink),
+                    lambda: False, guard_from_config(config, stats))
+    cpu: dict[str, float] = {}
+    for label, owner, method in (("drain", router.loop, "_drain"), ("step", executor, "step"),
+                                 ("prepare", executor, "_prepare_all"), ("encode", executor.stages, "encode"),
+                                 ("submit", executor.stages, "submit"), ("wait", executor.stages, "wait"),
+                                 ("read", executor.stages, "read"), ("answer+callbacks", executor.stages, "answer_all"),
+                                 ("learn", router.loop, "_learn")):
+        cpu[label] = 0.0
+        _timed(owner, method, label, cpu, clock=time.thread_time)
+    router.start()
+    ids = iter(range(1, 1 << 62))
+
+    def request(data: bytes) -> bytes:
+        args = tuple(terms.to_term(a) for a in (b"double", data, 1))
+        return terms.encode((terms.atom("call"), next(ids), terms.atom("execute_kernel"), args, 60000))
+
+    router.handle_frame(request(bytes(4)))  # compiled off the reader, then run on the GPU thread
+    while stats.count("batches") == 0:
+        time.sleep(0.01)
+    gpu_clock = time.pthread_getcpuclockid(router.loop._thread.ident)
+    for round_no in range(4):  # the first warms up
+        frames = [batch_frames.encode_calls([request(os.urandom(4)) for _ in range(n)]) for _ in range(rounds)]
+        answered, batches = stats.count("batched_calls"), stats.count("batches")
+        for label in cpu:
+            cpu[label] = 0.0
+        started, gpu_started = time.perf_counter(), time.clock_gettime(gpu_clock)
+        for frame in frames:
+            answered += n
+            router.handle_frame(frame)
+            while stats.count("batched_calls") < answered:
+                time.sleep(0)
+        wall, gpu = time.perf_counter() - started, time.clock_gettime(gpu_clock) - gpu_started
+        if round_no:
+            calls = rounds * n
+            parts = "  ".join(f"{label} {secs / calls * 1e6:.2f}" for label, secs in cpu.items())
+            print(f"port {n}: {calls / wall:7.0f} calls/s, {calls / (stats.count('batches') - batches):.1f} a batch,"
+                  f" GPU thread CPU {gpu / calls * 1e6:.2f} us/call | {parts}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--port" in argv:
+        rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 200
+        return port_profile(int(argv[argv.index("--port") + 1]), rounds)
     if "--drain" in argv:
         return drain_profile(int(argv[argv.index("--drain") + 1]))
     if "--stages" in argv:
