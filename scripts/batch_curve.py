@@ -5,7 +5,25 @@ sets KEM_MAX_BATCH's default. Each size is run two ways in the same process:
 batches one after another (`run`: encode, submit, wait, deliver) and as a
 stream (`step`: each batch encoded while the previous one computes and
 delivered while the next one does), so the overlap's gain is a ratio.
-Usage: python scripts/batch_curve.py [out.json]"""
+
+``--stages N`` instead streams batches of N small calls through
+Executor.step and prints the host time a call spends in each of the
+executor's own stages (prepare, encode, submit, wait, read, answer; each
+method timed once per batch, so the timer costs nothing per call) and in
+the landed batch's cost() that the GPU loop's batch sizer reads, three
+rounds; every result is checked against numpy. The figure to cut per-call
+Python on the GPU thread by (issue 14).
+
+``--drain N`` times the GPU thread taking a batch of N queued jobs off its
+queue (GpuLoop._drain and _unexpired; no GPU), in microseconds a job.
+
+``--port N`` puts the whole port around it, in this process: a real Router
+fed calls frames of N execute_kernel requests (as the node batches N
+callers), each frame once the previous one's calls are answered, replies
+written by a FrameWriter to /dev/null (their values are --stages' to
+check). Prints calls/s, calls a batch and the GPU thread's own CPU time a
+call (its thread clock), split into its stages and the reply callbacks.
+Usage: python scripts/batch_curve.py [out.json] | --stages N [--rounds R] | --drain N | --port N [--rounds R]"""
 
 from __future__ import annotations
 
@@ -14,6 +32,8 @@ import json
 import statistics
 import sys
 import time
+
+import numpy as np
 
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
@@ -44,7 +64,153 @@ def _streamed(executor: Executor, job, n: int, rounds: int) -> float:
     return n * rounds / (time.perf_counter() - started)
 
 
+STAGE_METHODS = (("prepare", "_prepare_all", False), ("encode", "encode", True), ("submit", "submit", True),
+                 ("wait", "wait", True), ("read", "read", True), ("answer", "answer_all", True))
+
+
+def _timed(owner: object, method: str, label: str, spent: dict[str, float], clock=time.perf_counter) -> None:
+    """Wrap owner.method (on the instance) to add its seconds (by `clock`) to spent[label]."""
+    inner = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        started = clock()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[label] += clock() - started
+
+    setattr(owner, method, timed)
+
+
+def stage_profile(n: int, rounds: int) -> int:
+    """Per-call microseconds of each executor stage, n calls a batch, streamed."""
+    executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(n, 1)), Stats())
+    executor.open()
+    source = default_stores(None)[0].lookup("double")
+    spent = dict.fromkeys([label for label, _, _ in STAGE_METHODS] + ["cost"], 0.0)
+    for label, method, on_stages in STAGE_METHODS:
+        _timed(executor.stages if on_stages else executor, method, label, spent)
+    results: dict[int, bytes] = {}
+
+    def job(k: int, data: bytes) -> Job:
+        return Job(KernelCall("double", data, len(data)), source,
+                   reply=lambda view: results.__setitem__(k, bytes(view)), fail=lambda error: results.__setitem__(k, error))
+
+    for round_no in range(4):  # the first warms up
+        inputs = np.random.default_rng().integers(0, 1 << 30, size=(rounds, n, 4), dtype=np.uint32)
+        batches = [[job(r * n + i, inputs[r, i].tobytes()) for i in range(n)] for r in range(rounds)]
+        results.clear()
+        for label in spent:
+            spent[label] = 0.0
+        started = time.perf_counter()
+        flight = None
+        for batch in batches + [[]] * 2:
+            landed, flight = flight, executor.step(flight, batch)
+            if landed is not None:  # what GpuLoop._learn asks of every landed batch
+                asked = time.perf_counter()
+                landed.cost()
+                spent["cost"] += time.perf_counter() - asked
+        total = time.perf_counter() - started
+        expected = (inputs * 2).reshape(rounds * n, 4)
+        for k in range(rounds * n):
+            got = results.get(k)
+            assert isinstance(got, bytes) and np.array_equal(np.frombuffer(got, np.uint32), expected[k]), f"call {k}: {got!r}"
+        if round_no:
+            calls = rounds * n
+            parts = "  ".join(f"{label} {secs / calls * 1e6:.2f}" for label, secs in spent.items())
+            other = (total - sum(spent.values())) / calls * 1e6
+            print(f"batch {n}: {total / calls * 1e6:6.2f} us/call | {parts} | other {other:.2f}", flush=True)
+    return 0
+
+
+def drain_profile(n: int, rounds: int = 2000) -> int:
+    """Microseconds a job for the GPU thread to take n queued jobs as a batch."""
+    from kem_port.gpu_loop import GpuLoop
+
+    config = Config.from_env()
+    loop = GpuLoop(Executor(config, Stats()), queue_limit=n + 1, max_batch=n, gathered=None)
+    loop.sizer.cap = n  # as learned at n calls a batch
+    source = default_stores(None)[0].lookup("double")
+    deadline = time.monotonic() + 3600  # the node sends one with every call
+    jobs = [Job(KernelCall("double", bytes(4), 4), source, reply=print, fail=print, deadline=deadline) for _ in range(n)]
+    for round_no in range(4):
+        spent = 0.0
+        for _ in range(rounds):
+            loop.put_many(jobs[1:])
+            started = time.perf_counter()
+            batch, control = loop._drain(jobs[0])
+            batch = loop._unexpired(batch)
+            spent += time.perf_counter() - started
+            assert len(batch) == n and control is None and loop.queue.empty()
+        if round_no:
+            print(f"drain {n}: {spent / rounds / n * 1e6:.3f} us a job", flush=True)
+    return 0
+
+
+def port_profile(n: int, rounds: int) -> int:
+    """The GPU thread's CPU a call through a real Router, n calls a frame."""
+    import os
+
+    from kem_port import batch_frames, terms
+    from kem_port.admission.guard import guard_from_config
+    from kem_port.framing import FrameWriter
+    from kem_port.kernel_store import KernelResolver
+    from kem_port.router import Router
+
+    sys.setswitchinterval(0.0002)  # as the port sets it (server.py)
+    config, stats = Config.from_env(), Stats()
+    executor = Executor(config, stats)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    router = Router(config, stats, executor, KernelResolver(default_stores(config.kernel_dir), None), FrameWriter(sink),
+                    lambda: False, guard_from_config(config, stats))
+    cpu: dict[str, float] = {}
+    for label, owner, method in (("drain", router.loop, "_drain"), ("step", executor, "step"),
+                                 ("prepare", executor, "_prepare_all"), ("encode", executor.stages, "encode"),
+                                 ("submit", executor.stages, "submit"), ("wait", executor.stages, "wait"),
+                                 ("read", executor.stages, "read"), ("answer+callbacks", executor.stages, "answer_all"),
+                                 ("learn", router.loop, "_learn")):
+        cpu[label] = 0.0
+        _timed(owner, method, label, cpu, clock=time.thread_time)
+    router.start()
+    ids = iter(range(1, 1 << 62))
+
+    def request(data: bytes) -> bytes:
+        args = tuple(terms.to_term(a) for a in (b"double", data, 1))
+        return terms.encode((terms.atom("call"), next(ids), terms.atom("execute_kernel"), args, 60000))
+
+    router.handle_frame(request(bytes(4)))  # compiled off the reader, then run on the GPU thread
+    while stats.count("batches") == 0:
+        time.sleep(0.01)
+    gpu_clock = time.pthread_getcpuclockid(router.loop._thread.ident)
+    for round_no in range(4):  # the first warms up
+        frames = [batch_frames.encode_calls([request(os.urandom(4)) for _ in range(n)]) for _ in range(rounds)]
+        answered, batches = stats.count("batched_calls"), stats.count("batches")
+        for label in cpu:
+            cpu[label] = 0.0
+        started, gpu_started = time.perf_counter(), time.clock_gettime(gpu_clock)
+        for frame in frames:
+            answered += n
+            router.handle_frame(frame)
+            while stats.count("batched_calls") < answered:
+                time.sleep(0)
+        wall, gpu = time.perf_counter() - started, time.clock_gettime(gpu_clock) - gpu_started
+        if round_no:
+            calls = rounds * n
+            parts = "  ".join(f"{label} {secs / calls * 1e6:.2f}" for label, secs in cpu.items())
+            print(f"port {n}: {calls / wall:7.0f} calls/s, {calls / (stats.count('batches') - batches):.1f} a batch,"
+                  f" GPU thread CPU {gpu / calls * 1e6:.2f} us/call | {parts}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if "--port" in argv:
+        rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 200
+        return port_profile(int(argv[argv.index("--port") + 1]), rounds)
+    if "--drain" in argv:
+        return drain_profile(int(argv[argv.index("--drain") + 1]))
+    if "--stages" in argv:
+        rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 400
+        return stage_profile(int(argv[argv.index("--stages") + 1]), rounds)
     stats = Stats()
     # KEM_* settings apply (e.g. KEM_POLL_SPIN_US, KEM_GPU_TIMING).
     executor = Executor(dataclasses.replace(Config.from_env(), max_batch=max(SIZES)), stats)

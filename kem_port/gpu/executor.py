@@ -28,7 +28,7 @@ from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
 from kem_port.gpu.pipelines import Pipelines, gpu_message
-from kem_port.gpu.plan import Prepared, prepare
+from kem_port.gpu.plan import BatchPreparer, Prepared
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
 
@@ -145,16 +145,19 @@ class Executor:
                     job.refuse(error)
                 return []
         ready: list[Prepared] = []
+        prepare = BatchPreparer(self.gpu, self.pipelines)
         for job in jobs:
             if job.call.output_size == 0:
                 job.answer(memoryview(b""))
                 continue
             try:
-                ready.append(prepare(job, self.gpu, self.pipelines))
+                ready.append(prepare(job))
             except KemError as exc:
                 job.refuse(exc)
             except wgpu.GPUError as exc:
                 self._gpu_failure([job], exc)
+        if prepare.reused:
+            self.stats.inc("pipeline_hits", prepare.reused)
         return ready
 
     def _wait(self, flight: Flight) -> bool:

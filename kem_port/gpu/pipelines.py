@@ -104,18 +104,32 @@ class Pipelines:
 
     def bind_group(self, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
         """A bind group for (buffer, offset, size) of input, output, params and call table."""
-        key = (pipeline.serial,) + _bound_key(inputs) + _bound_key(outputs) + (_bound_key(params) if params else (0, 0, 0))
-        key += _bound_key(table) if table else (0, 0, 0)
+        key = (pipeline.serial,) + _bound_key(inputs) + _bound_key(outputs) + (_bound_key(params) if params else NO_BINDING)
+        key += _bound_key(table) if table else NO_BINDING
+        group = self.cached_bind_group(key)
+        if group is not None:
+            self.stats.inc("bind_group_hits")
+            return group
+        return self.new_bind_group(key, device, pipeline, inputs, outputs, params, table)
+
+    def cached_bind_group(self, key: tuple):
+        """The cached group for `key` (bind_group's form), or None; the
+        caller counts the hit (a batch counts its hits once)."""
         group = self._bind_groups.get(key)
         if group is not None:
             self._bind_groups.move_to_end(key)
-            self.stats.inc("bind_group_hits")
-            return group
+        return group
+
+    def new_bind_group(self, key: tuple, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
+        """Create the group for `key` and cache it (evicting the oldest)."""
         group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params, table))
         self._bind_groups[key] = group
         while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
             self._bind_groups.popitem(last=False)
         return group
+
+
+NO_BINDING = (0, 0, 0)  # a binding a group does not have, in a bind group key
 
 
 def _bound_key(bound: tuple) -> tuple[int, int, int]:
