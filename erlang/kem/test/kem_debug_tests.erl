@@ -36,16 +36,7 @@ debug_test_() ->
      end}}.
 
 start() ->
-    Dir = filename:join("/tmp", "kem_debug_" ++ os:getpid()),
-    ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    ok = file:write_file(filename:join(Dir, "sevens.wgsl"), ?SEVENS),
-    ok = application:load(kem),
-    ok = application:set_env(kem, kernel_dir, Dir),
-    {ok, Apps} = application:ensure_all_started(kem),
-    {Apps, Dir}.
+    kem_test_app:start_with_kernels("kem_debug", [{"sevens", ?SEVENS}], []).
 
-stop({Apps, Dir}) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    file:del_dir_r(Dir),
-    ok.
+stop(Started) ->
+    kem_test_app:stop_with_kernels(Started).

@@ -4,16 +4,6 @@
 -module(kem_faults_tests).
 -include_lib("eunit/include/eunit.hrl").
 
--define(RUNAWAY, <<"
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<atomic<u32>>;
-@compute @workgroup_size(64)
-fn main() {
-    for (var turn = 0u; turn < 65535u; turn = turn + 1u) {
-        atomicAdd(&output_words[0], input_words[0] + 1u);
-    }
-}
-">>).
 
 faults_test_() ->
     {setup, fun start/0, fun stop/1,
@@ -22,16 +12,10 @@ faults_test_() ->
       {timeout, 120, fun runaway_kernel_is_quarantined/0}]}.
 
 start() ->
-    Dir = filename:join("/tmp", "kem_faults_" ++ os:getpid()),
-    ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    ok = file:write_file(filename:join(Dir, "runaway.wgsl"), ?RUNAWAY),
-    Apps = kem_test_app:start([{ports, 2}, {kernel_dir, Dir}]),
-    {Apps, Dir}.
+    kem_test_app:start_with_kernels("kem_faults", [{"runaway", kem_test_app:runaway_kernel()}], [{ports, 2}]).
 
-stop({Apps, Dir}) ->
-    kem_test_app:stop(Apps),
-    file:del_dir_r(Dir),
-    ok.
+stop(Started) ->
+    kem_test_app:stop_with_kernels(Started).
 
 now_ms() -> erlang:monotonic_time(millisecond).
 

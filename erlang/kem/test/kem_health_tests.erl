@@ -40,12 +40,7 @@ info_body() ->
     Body.
 
 start(PortEnv) ->
-    ok = application:load(kem),
-    ok = application:set_env(kem, port_env, PortEnv),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+    kem_test_app:start([{port_env, PortEnv}]).
 
 stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+    kem_test_app:stop(Apps).

@@ -28,23 +28,14 @@ invalid_level_is_a_start_error_test_() ->
     end}.
 
 start() ->
-    Dir = filename:join("/tmp", "kem_log_" ++ os:getpid()),
-    ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    ok = file:write_file(filename:join(Dir, "broken.wgsl"), ?BROKEN),
-    ok = application:load(kem),
-    ok = application:set_env(kem, log, info),
-    ok = application:set_env(kem, kernel_dir, Dir),
-    ok = application:set_env(kem, port_env, [{"KEM_TEST_HOOKS", "1"}]),
-    {ok, Apps} = application:ensure_all_started(kem),
+    Started = kem_test_app:start_with_kernels("kem_log", [{"broken", ?BROKEN}],
+                                              [{log, info}, {port_env, [{"KEM_TEST_HOOKS", "1"}]}]),
     ok = logger:add_handler(?MODULE, ?MODULE, #{level => all, config => #{pid => self()}}),
-    {Apps, Dir}.
+    Started.
 
-stop({Apps, Dir}) ->
+stop(Started) ->
     logger:remove_handler(?MODULE),
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    file:del_dir_r(Dir),
-    ok.
+    kem_test_app:stop_with_kernels(Started).
 
 log(Event, #{config := #{pid := Pid}}) ->
     Pid ! {logged, Event}.

@@ -14,16 +14,10 @@ place_test_() ->
       {timeout, 60, fun a_group_down_is_shown/0}]}.
 
 start() ->
-    ok = application:load(kem),
-    ok = application:set_env(kem, adapters, [0, 0]),
-    ok = application:set_env(kem, weights, #{0 => 1}),
-    {ok, Apps} = application:ensure_all_started(kem),
-    Apps.
+    kem_test_app:start([{adapters, [0, 0]}, {weights, #{0 => 1}}]).
 
 stop(Apps) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    ok.
+    kem_test_app:stop(Apps).
 
 calls_by_group() ->
     [maps:get(calls, G) || G <- kem:adapters()].

@@ -5,16 +5,6 @@
 -module(kem_spare_tests).
 -include_lib("eunit/include/eunit.hrl").
 
--define(RUNAWAY, <<"
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<atomic<u32>>;
-@compute @workgroup_size(64)
-fn main() {
-    for (var turn = 0u; turn < 65535u; turn = turn + 1u) {
-        atomicAdd(&output_words[0], input_words[0] + 1u);
-    }
-}
-">>).
 -define(SMALL, <<1, 3, 5, 7>>).
 
 spare_test_() ->
@@ -33,22 +23,12 @@ no_spare_test_() ->
      [{timeout, 120, fun without_spares_the_port_still_restarts/0}]}.
 
 start(Env) ->
-    Dir = filename:join("/tmp", "kem_spare_" ++ os:getpid()),
-    ok = filelib:ensure_dir(filename:join(Dir, "x")),
-    ok = file:write_file(filename:join(Dir, "runaway.wgsl"), ?RUNAWAY),
-    [ok = file:write_file(filename:join(Dir, atom_to_list(K) ++ ".wgsl"), heavy_kernel(Salt))
-     || {K, Salt} <- [{heavy_a, 1}, {heavy_b, 2}]],
-    ok = application:load(kem),
-    [ok = application:set_env(kem, K, V)
-     || {K, V} <- maps:to_list(Env#{kernel_dir => Dir, port_env => [{"KEM_TEST_HOOKS", "1"}]})],
-    {ok, Apps} = application:ensure_all_started(kem),
-    {Apps, Dir}.
+    Kernels = [{"runaway", kem_test_app:runaway_kernel()}, {"heavy_a", heavy_kernel(1)}, {"heavy_b", heavy_kernel(2)}],
+    kem_test_app:start_with_kernels("kem_spare", Kernels,
+                                    maps:to_list(Env#{port_env => [{"KEM_TEST_HOOKS", "1"}]})).
 
-stop({Apps, Dir}) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
-    file:del_dir_r(Dir),
-    ok.
+stop(Started) ->
+    kem_test_app:stop_with_kernels(Started).
 
 %%% the tests
 

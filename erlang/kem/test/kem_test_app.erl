@@ -3,7 +3,7 @@
 %%% (for files the Python tests share with these: the Lua example, the
 %%% session kernels).
 -module(kem_test_app).
--export([start/1, stop/1, repo_root/0]).
+-export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, repo_root/0]).
 
 %% @doc Load kem, set each app env key, start it and what it needs.
 -spec start([{atom(), term()}]) -> [atom()].
@@ -19,6 +19,39 @@ stop(Apps) ->
     [application:stop(App) || App <- lists:reverse(Apps)],
     application:unload(kem),
     ok.
+
+%% @doc start/1 with a fresh kernel directory holding Kernels (`{Name,
+%% WgslSource}', each saved as Name.wgsl) as the app's `kernel_dir'; Tag
+%% names the directory. Returns what stop_with_kernels/1 takes.
+-spec start_with_kernels(string(), [{string(), binary()}], [{atom(), term()}]) -> {[atom()], file:filename()}.
+start_with_kernels(Tag, Kernels, Env) ->
+    Dir = filename:join("/tmp", Tag ++ "_" ++ os:getpid()),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    [ok = file:write_file(filename:join(Dir, Name ++ ".wgsl"), Source) || {Name, Source} <- Kernels],
+    {start([{kernel_dir, Dir} | Env]), Dir}.
+
+%% @doc Stop what start_with_kernels/3 started and remove its directory.
+-spec stop_with_kernels({[atom()], file:filename()}) -> ok.
+stop_with_kernels({Apps, Dir}) ->
+    stop(Apps),
+    file:del_dir_r(Dir),
+    ok.
+
+%% @doc A kernel that runs far past any test's timeout on any adapter:
+%% 2.7e11 invocations of 65,535 atomic turns each (the faults and spare
+%% tests' runaway).
+-spec runaway_kernel() -> binary().
+runaway_kernel() ->
+    <<"
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<atomic<u32>>;
+@compute @workgroup_size(64)
+fn main() {
+    for (var turn = 0u; turn < 65535u; turn = turn + 1u) {
+        atomicAdd(&output_words[0], input_words[0] + 1u);
+    }
+}
+">>.
 
 %% @doc The checkout's root: the first directory above this module's beam
 %% that holds examples/kem-device.lua.

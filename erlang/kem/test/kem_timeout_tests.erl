@@ -22,16 +22,12 @@ start() ->
     Stall = spawn(fun() -> stall(Listen, []) end),
     ok = gen_tcp:controlling_process(Listen, Stall),
     Cache = filename:join("/tmp", "kem_timeout_cache_" ++ os:getpid()),
-    ok = application:load(kem),
-    ok = application:set_env(kem, gateways, "http://127.0.0.1:" ++ integer_to_list(TcpPort)),
-    ok = application:set_env(kem, cache_dir, Cache),
-    ok = application:set_env(kem, port_env, [{"KEM_TEST_HOOKS", "1"}]),
-    {ok, Apps} = application:ensure_all_started(kem),
+    Apps = kem_test_app:start([{gateways, "http://127.0.0.1:" ++ integer_to_list(TcpPort)}, {cache_dir, Cache},
+                               {port_env, [{"KEM_TEST_HOOKS", "1"}]}]),
     {Apps, Stall, Cache}.
 
 stop({Apps, Stall, Cache}) ->
-    [application:stop(A) || A <- lists:reverse(Apps)],
-    application:unload(kem),
+    kem_test_app:stop(Apps),
     exit(Stall, kill),
     file:del_dir_r(Cache),
     ok.
