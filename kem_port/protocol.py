@@ -149,8 +149,8 @@ class Shm:
     """How `{shm, Path}` arguments are read (shm.py): the protocol checks
     shapes only and never touches a file itself."""
 
-    read_input: Callable[[Any], memoryview] = _no_shm
-    output_path: Callable[[Any], str] = _no_shm
+    read_input: Callable[[Any], Any] = _no_shm  # bytes in memory, or the file(s) to read at encoding
+    output_path: Callable[[Any], str | tuple[str, ...]] = _no_shm  # one file, or a slot's part files
 
 
 NO_SHM = Shm()

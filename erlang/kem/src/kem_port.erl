@@ -249,7 +249,7 @@ restarting(Index, Flag) ->
 
 new_state(Name, Index, Port, OsPid, Next) ->
     #{name => Name, index => Index, port => Port, next => Next, pending => #{}, probes => #{}, os_pid => OsPid,
-      out => [], out_n => 0, out_bytes => 0,
+      out => [], out_bytes => 0,
       seen => maps:from_list([{S, true} || S <- kem_spare:shapes()]), warm_limit => kem_warm:limit()}.
 
 %% @doc Open a Python `kem_port' process with the node's shared-memory
@@ -334,7 +334,7 @@ info(_Other, State) ->
 %% it still holds the registered name.
 format_status(Status) ->
     maps:map(fun(state, S) when is_map(S) ->
-                     S#{pending := maps:size(maps:get(pending, S, #{})), out := maps:get(out_n, S, 0)};
+                     S#{pending := maps:size(maps:get(pending, S, #{})), out := length(maps:get(out, S, []))};
                 (message, {call, Method, _Args, Timeout}) -> {call, Method, '...', Timeout};
                 (message, {Port, {data, Frame}}) when is_binary(Frame) -> {Port, {data, byte_size(Frame)}};
                 (_, Value) -> Value
@@ -405,16 +405,16 @@ queue_call(_Id, Frame, State) when byte_size(Frame) > ?BATCH_ITEM_BYTES ->
         {ok, Flushed} -> send(Frame, Flushed);
         Closed -> Closed
     end;
-queue_call(Id, Frame, State = #{out := Held, out_n := N, out_bytes := Bytes}) ->
-    Queued = State#{out := [{Id, Frame} | Held], out_n := N + 1, out_bytes := Bytes + byte_size(Frame)},
-    case N + 1 >= ?BATCH_CALLS orelse Bytes + byte_size(Frame) >= ?BATCH_BYTES of
+queue_call(Id, Frame, State = #{out := Held, out_bytes := Bytes}) ->
+    Queued = State#{out := [{Id, Frame} | Held], out_bytes := Bytes + byte_size(Frame)},
+    case length(Held) + 1 >= ?BATCH_CALLS orelse Bytes + byte_size(Frame) >= ?BATCH_BYTES of
         true -> flush(Queued);
         false -> {ok, Queued}
     end.
 
 %% The reply of a callback: with calls held, send them now if nothing else
 %% waits in the mailbox, or come back (timeout 0) once it is empty.
-settle({ok, State = #{out_n := 0}}) ->
+settle({ok, State = #{out := []}}) ->
     {noreply, State};
 settle({ok, State}) ->
     case erlang:process_info(self(), message_queue_len) of
@@ -427,14 +427,14 @@ settle({closed, State}) ->
     %% calls, which never reached the port, go to the next one.
     stop_port_exited(closed, State).
 
-flush(State = #{out_n := 0}) ->
+flush(State = #{out := []}) ->
     {ok, State};
 flush(State = #{out := [{_Id, Frame}]}) ->
-    send(Frame, State#{out := [], out_n := 0, out_bytes := 0}, State);
-flush(State = #{out := Held, out_n := N}) ->
+    send(Frame, State#{out := [], out_bytes := 0}, State);
+flush(State = #{out := Held}) ->
     Items = lists:foldl(fun({_Id, Frame}, Acc) -> [[<<?BINARY_EXT, (byte_size(Frame)):32>>, Frame] | Acc] end,
                         [], Held),
-    send([<<?CALLS_HEAD, N:32>>, Items, <<?NIL_EXT>>], State#{out := [], out_n := 0, out_bytes := 0}, State).
+    send([<<?CALLS_HEAD, (length(Held)):32>>, Items, <<?NIL_EXT>>], State#{out := [], out_bytes := 0}, State).
 
 send(Frame, State) ->
     send(Frame, State, State).
@@ -585,9 +585,9 @@ handshake(State) ->
                 ok -> {ok, State};
                 {error, Reason} -> close(State), {stop, Reason}
             end;
-        {exit_status, Status} ->
+        output_closed ->
             close(State),
-            {stop, {port_exited_at_start, Status}};
+            {stop, {port_exited_at_start, output_closed}};
         {fatal, {Reason, Detail}} ->
             close(State),
             {stop, {Reason, Detail}};
@@ -617,7 +617,7 @@ await_answer(State = #{port := Port, name := Name}, Deadline) ->
                     end
             end;
         {Port, eof} ->
-            {exit_status, output_closed}
+            output_closed
     after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
         timeout
     end.

@@ -137,8 +137,8 @@ port_killed_with_a_calls_frame_in_flight() ->
 
 %% Every call reached the port: pending, and none held for a calls frame.
 wait_sent(Owner, N, Deadline) ->
-    #{pending := Pending, out_n := Held} = sys:get_state(Owner),
-    case (maps:size(Pending) >= N andalso Held =:= 0) orelse now_ms() > Deadline of
+    #{pending := Pending, out := Held} = sys:get_state(Owner),
+    case (maps:size(Pending) >= N andalso Held =:= []) orelse now_ms() > Deadline of
         true -> ok;
         false -> timer:sleep(2), wait_sent(Owner, N, Deadline)
     end.
