@@ -92,7 +92,7 @@ random_terms_never_raise_online() ->
     io:format(user, "~nrandom terms through the real port: ~p~n", [Reasons]),
     %% Some reached the port and were answered by it.
     ?assert(maps:size(maps:without([bad_args, too_large], Reasons)) > 0),
-    ?assertEqual(ok, wait_for_service(10000)),
+    ?assertEqual(ok, kem_test_app:wait_for_service(10000)),
     Input = crypto:strong_rand_bytes(4099),
     ?assertEqual({ok, kem_ref:double_ref(Input, byte_size(Input) * 2)},
                  kem:execute(?DOUBLE, Input, #{output_size_hint => 2})).
@@ -241,14 +241,7 @@ a_session_call_that_times_out_quarantines_its_kernel() ->
     after
         application:set_env(kem, timeout, Default)
     end,
-    ?assertEqual(ok, wait_for_service(10000)).
-
-wait_for_service(Left) when Left =< 0 -> timeout;
-wait_for_service(Left) ->
-    case kem:ping() of
-        {ok, pong} -> ok;
-        _ -> timer:sleep(50), wait_for_service(Left - 50)
-    end.
+    ?assertEqual(ok, kem_test_app:wait_for_service(10000)).
 
 %%% the property: any terms in, a result or a structured error out
 

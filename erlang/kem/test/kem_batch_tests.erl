@@ -132,7 +132,7 @@ port_killed_with_a_calls_frame_in_flight() ->
     ?assertEqual([], [R || R <- Results, element(1, R) =/= error]),
     ?assert(Last < 1000),
     receive {busy, _} -> ok after 10000 -> ok end,
-    ?assertEqual(ok, wait_for_service(10000)),
+    ?assertEqual(ok, kem_test_app:wait_for_service(10000)),
     ?assertEqual({ok, <<2, 6, 10, 14>>}, double(<<1, 3, 5, 7>>)).
 
 %% Every call reached the port: pending, and none held for a calls frame.
@@ -141,11 +141,4 @@ wait_sent(Owner, N, Deadline) ->
     case (maps:size(Pending) >= N andalso Held =:= []) orelse now_ms() > Deadline of
         true -> ok;
         false -> timer:sleep(2), wait_sent(Owner, N, Deadline)
-    end.
-
-wait_for_service(Left) when Left =< 0 -> timeout;
-wait_for_service(Left) ->
-    case catch kem:ping() of
-        {ok, pong} -> ok;
-        _ -> timer:sleep(50), wait_for_service(Left - 50)
     end.

@@ -59,7 +59,7 @@ kernel_failure_carries_kernel_id() ->
 restart_is_one_warning_not_a_supervisor_report() ->
     listen(),
     ?assertMatch({error, {timeout, _}}, kem:call(test_hook, {sleep_gpu, 3000}, 200)),
-    ok = wait_for_service(10000),
+    ok = kem_test_app:wait_for_service(10000),
     timer:sleep(200),
     Events = drain([]),
     Reports = [E || #{msg := {report, #{label := {supervisor, _}}}} = E <- Events],
@@ -94,10 +94,3 @@ drain(Acc) ->
 flush() ->
     _ = drain([]),
     ok.
-
-wait_for_service(Left) when Left =< 0 -> timeout;
-wait_for_service(Left) ->
-    case kem:ping() of
-        {ok, pong} -> ok;
-        _ -> timer:sleep(50), wait_for_service(Left - 50)
-    end.

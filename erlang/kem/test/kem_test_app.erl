@@ -3,7 +3,7 @@
 %%% (for files the Python tests share with these: the Lua example, the
 %%% session kernels).
 -module(kem_test_app).
--export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, repo_root/0]).
+-export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, wait_for_service/1, repo_root/0]).
 
 %% @doc Load kem, set each app env key, start it and what it needs.
 -spec start([{atom(), term()}]) -> [atom()].
@@ -52,6 +52,16 @@ fn main() {
     }
 }
 ">>.
+
+%% @doc `ok' once kem answers a ping (a port is serving again), within
+%% Left ms; else `timeout'.
+-spec wait_for_service(integer()) -> ok | timeout.
+wait_for_service(Left) when Left =< 0 -> timeout;
+wait_for_service(Left) ->
+    case catch kem:ping() of  % the app may be between ports
+        {ok, pong} -> ok;
+        _ -> timer:sleep(50), wait_for_service(Left - 50)
+    end.
 
 %% @doc The checkout's root: the first directory above this module's beam
 %% that holds examples/kem-device.lua.

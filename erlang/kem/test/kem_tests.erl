@@ -183,7 +183,7 @@ shared_memory_files_removed_when_port_killed() ->
     ?assertEqual([], [R || R <- Results, R =:= no_reply]),
     ?assertEqual([], [R || {ok, Out} = R <- Results, Out =/= double_ref(Big, byte_size(Big))]),
     ?assertEqual([], shm_files()),
-    ?assertEqual(ok, wait_for_service(5000)).
+    ?assertEqual(ok, kem_test_app:wait_for_service(5000)).
 
 stale_shared_memory_dirs_are_swept() ->
     %% A directory left by a node that died (no such process) goes at start;
@@ -245,7 +245,7 @@ kill_port_with_calls_in_flight() ->
     ?assertEqual(100, length(Errors) + length(Good)),
     ?assert(length(Errors) > 0),
     ?assert(LastAnswer < 1000),
-    ?assertEqual(ok, wait_for_service(5000)),
+    ?assertEqual(ok, kem_test_app:wait_for_service(5000)),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
 
@@ -265,16 +265,9 @@ call_outliving_its_timeout() ->
     [Port] = kem_sup:port_names(),
     OsPid = kem_port:os_pid(Port),
     ?assertMatch({error, {timeout, _}}, kem:call(test_hook, {sleep_gpu, 5000}, 300)),
-    ?assertEqual(ok, wait_for_service(5000)),
+    ?assertEqual(ok, kem_test_app:wait_for_service(5000)),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
-
-wait_for_service(Left) when Left =< 0 -> timeout;
-wait_for_service(Left) ->
-    case kem:ping() of
-        {ok, pong} -> ok;
-        _ -> timer:sleep(50), wait_for_service(Left - 50)
-    end.
 
 stats_count_calls() ->
     {ok, #{kem_port_1 := Before}} = kem:stats(),

@@ -94,7 +94,7 @@ call_the_gpu_is_inside_restarts_the_port() ->
     ?assertMatch({error, {timeout, _}}, Result),
     {error, {timeout, Detail}} = Result,
     ?assertNotEqual(nomatch, binary:match(Detail, <<"the GPU thread is inside this call; the port was restarted">>)),
-    ok = wait_for_service(10000),
+    ok = kem_test_app:wait_for_service(10000),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)).
 
 %% The reader itself stuck (an inline call): the probe goes unanswered.
@@ -109,12 +109,5 @@ stuck_reader_restarts_the_port() ->
     ?assertNotEqual(nomatch, binary:match(Detail, <<"did not say where the call is; it is stuck; the port was restarted">>)),
     %% 300 ms timeout plus the 1000 ms probe_timeout.
     ?assert(Took >= 1300),
-    ok = wait_for_service(10000),
+    ok = kem_test_app:wait_for_service(10000),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)).
-
-wait_for_service(Left) when Left =< 0 -> timeout;
-wait_for_service(Left) ->
-    case kem:ping() of
-        {ok, pong} -> ok;
-        _ -> timer:sleep(50), wait_for_service(Left - 50)
-    end.
