@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
+from kem_port.group_frames import Group
 from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
@@ -119,6 +121,33 @@ class Intake:
         except BaseException:
             release()
             raise
+
+    def submit_group(self, group: Group) -> None:
+        """Take in the N calls of a group frame (group_frames.py): the budget
+        for all of them at once (overloaded for the group as a whole,
+        raised), then each call on the road it would take alone."""
+        share = max(group.size, group.output_size)
+        try:
+            self.budget.take_many(group.n, group.n * share)
+        except KemError:
+            self.stats.inc("overloaded")
+            raise
+        self._expand(group, share)
+
+    def _expand(self, group: Group, share: int) -> None:
+        """Each call of a group on its own road (fetch, admission), its share
+        of the budget already held."""
+        now = time.monotonic()
+        size, inputs = group.size, group.inputs
+        for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.timeouts_ms)):
+            call = KernelCall(group.kernel_id, inputs[i * size : (i + 1) * size], group.output_size)
+            release = Once(lambda: self.budget.give(share))
+            timeout_s = timeout_ms / 1000.0 if timeout_ms else None
+            try:
+                self._route(req_id, call, release, Deadline(now + timeout_s, timeout_s) if timeout_s else Deadline())
+            except KemError as exc:
+                release()
+                self.fail(req_id, exc)
 
     def _route(self, req_id: int, call: KernelCall, release: Callable[[], None], deadline: Deadline) -> None:
         source = self._resolve_local(call.kernel_id)
