@@ -15,8 +15,10 @@
 
 -export([held/4, held_bytes/1, frames/1, request/4]).
 
-%% Group frames: at most 256 calls (the port's cap, GROUP.md) and about
-%% 1 MiB of inputs (half the port's 2 MiB frame limit, like a calls frame).
+%% Group frames: at most 256 calls (the port's cap) and about 1 MiB of
+%% inputs (half the port's 2 MiB frame limit, like a calls frame). The
+%% owner holds at most 64 calls (kem_port ?HOLD_CALLS, measured there), so
+%% in practice a group's calls cap is 64.
 -define(GROUP_CALLS, 256).
 -define(GROUP_BYTES, 1048576).
 %% A candidate's input: at most 64 KiB (a larger call is bulk, on its own
