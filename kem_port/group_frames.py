@@ -62,7 +62,7 @@ class Group:
 
     kernel_id: str
     req_ids: list[int]
-    timeouts_ms: list[int]  # 0: no timeout
+    entries: np.ndarray  # ENTRY_DTYPE records: each call's req_id and timeout_ms (0: none)
     inputs: bytes | memoryview  # N * size bytes
     size: int
     output_size: int
@@ -183,7 +183,7 @@ def check(fields: GroupFields, config: Config) -> Group:
         call = kernel_call("execute_kernel", (terms.Binary(kernel_id), terms.Binary(bytes(inputs[:size])), hint), config)
     except KemError as exc:
         raise GroupRefused(req_ids, exc) from None
-    return Group(call.kernel_id, req_ids, records["timeout_ms"].tolist(), inputs, size, call.output_size)
+    return Group(call.kernel_id, req_ids, records, inputs, size, call.output_size)
 
 
 def req_ids_in_head(head: bytes) -> list[int] | None:

@@ -28,8 +28,10 @@ from kem_port.budget import WorkBudget
 from kem_port.call_state import CallStates
 from kem_port.config import Config
 from kem_port.errors import KemError
+from kem_port.framing import FrameWriter
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
+from kem_port.group_calls import group_job
 from kem_port.group_frames import Group
 from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
@@ -79,6 +81,7 @@ class Intake:
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
         self.states = CallStates(loop)  # where a call is, for call_state
         self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
+        self.writer: FrameWriter | None = None  # set by the router: group jobs' answers (group_calls.py)
         # Inside together() (the reader, one calls frame): kernel sources
         # found so far, and the jobs that go to the GPU queue at its end.
         self._sources: dict[str, KernelSource] | None = None
@@ -125,21 +128,35 @@ class Intake:
     def submit_group(self, group: Group) -> None:
         """Take in the N calls of a group frame (group_frames.py): the budget
         for all of them at once (overloaded for the group as a whole,
-        raised), then each call on the road it would take alone."""
+        raised), the kernel resolved and admitted once, and ONE job queued
+        (gpu/group_job.py). A kernel still to fetch or admit: each call
+        takes that road on its own (_expand), as it would alone."""
         share = max(group.size, group.output_size)
         try:
             self.budget.take_many(group.n, group.n * share)
         except KemError:
             self.stats.inc("overloaded")
             raise
-        self._expand(group, share)
+        call = KernelCall(group.kernel_id, group.inputs[: group.size], group.output_size)
+        source = self._resolve_local(group.kernel_id)
+        admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
+        if admitted is None or self.writer is None:
+            self._expand(group, share)
+            return
+        try:
+            self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
+            self.stats.inc("group_jobs")
+        except QueueFull:
+            self.budget.give_many(group.n, group.n * share)
+            self.stats.inc("overloaded")
+            raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
 
     def _expand(self, group: Group, share: int) -> None:
         """Each call of a group on its own road (fetch, admission), its share
         of the budget already held."""
         now = time.monotonic()
         size, inputs = group.size, group.inputs
-        for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.timeouts_ms)):
+        for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.entries["timeout_ms"].tolist())):
             call = KernelCall(group.kernel_id, inputs[i * size : (i + 1) * size], group.output_size)
             release = Once(lambda: self.budget.give(share))
             timeout_s = timeout_ms / 1000.0 if timeout_ms else None

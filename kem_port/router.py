@@ -70,6 +70,7 @@ class Router:
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
         self.health = Health(executor, config)
         self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
+        self.intake.writer = writer  # group jobs answer many at once (group_calls.py)
 
     def start(self) -> None:
         self.loop.start()

@@ -174,11 +174,16 @@ def test_unreadable_group_frames_answer_undefined(port, junk):
     assert terms.atom_name(reason) in ("bad_frame", "bad_request")
 
 
-def test_each_call_keeps_its_own_timeout():
+@pytest.mark.parametrize("warm", [True, False], ids=["one_group_job", "calls_on_their_own"])
+def test_each_call_keeps_its_own_timeout(warm):
     """The GPU is busy: the group's calls with a short timeout are answered
-    timeout by the port itself, those with none (0) or a long one are served."""
+    timeout by the port itself, those with none (0) or a long one are served.
+    Warm: the kernel is admitted and the group is one job whose expired
+    slots are skipped; cold: each call waits for admission on its own."""
     x = np.arange(32, dtype=np.uint32)
     with start_port() as client:
+        if warm:
+            client.call("execute_kernel", b"double", x.tobytes(), 1)
         busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
         time.sleep(0.1)
         timeouts = [200, 0, 200, 60000, 0, 200]
@@ -190,7 +195,8 @@ def test_each_call_keeps_its_own_timeout():
             else:
                 assert status == "ok" and np.array_equal(np.frombuffer(value, dtype=np.uint32), x * 2)
         busy.result(30)
-        assert client.call("stats")[terms.atom("held_calls")] == 0
+        stats = client.call_plain("stats")
+        assert stats["held_calls"] == 0 and stats.get("group_jobs", 0) == (1 if warm else 0)
 
 
 def test_call_state_answers_for_every_caller_of_a_group():
@@ -218,6 +224,7 @@ def test_a_group_over_the_budget_is_refused_as_a_whole(rng):
     overloaded for all 12 (it takes its budget at once), a group of 6 after
     it is served (values vs numpy); nothing is held afterwards."""
     with start_port(KEM_QUEUE_LIMIT="8") as client:
+        client.call("execute_kernel", b"double", bytes(4), 1)  # admitted: the group of 6 is one job
         busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
         time.sleep(0.2)
         too_many = client.call_group_async(b"double", [bytes(16)] * 12)
@@ -258,3 +265,46 @@ def test_the_echo_port_answers_group_frames(rng):
     with PortClient(script=script) as echo:
         for group in (inputs[:2], inputs[2:]):
             assert [f.result(30) for f in echo.call_group_async(b"double", group)] == group
+
+
+def test_a_warm_group_is_one_job_and_matches_single_calls(port, rng):
+    """Once the kernel is admitted a group runs as ONE job of N slots: its
+    values are numpy's and the single calls' on the same inputs, with
+    outputs larger than inputs (hint 3: zeros past each input, from pooled
+    buffers that held other bytes)."""
+    words = int(rng.integers(1, 600))
+    inputs = random_inputs(rng, 33, words)
+    port.call("execute_kernel", b"double", inputs[0].tobytes(), 3)
+    before = port.call_plain("stats")["group_jobs"] if "group_jobs" in port.call_plain("stats") else 0
+    got = [f.result(60) for f in port.call_group_async(b"double", [x.tobytes() for x in inputs], hint=3, timeouts_ms=60000)]
+    assert port.call_plain("stats")["group_jobs"] == before + 1
+    for x, out in zip(inputs, got):
+        want = np.concatenate([x * np.uint32(2), np.zeros(2 * words, np.uint32)])
+        assert np.array_equal(np.frombuffer(out, dtype=np.uint32), want)
+    assert got[5] == port.call("execute_kernel", b"double", inputs[5].tobytes(), 3)
+
+
+def test_a_group_to_a_call_table_kernel(port, rng):
+    """double_table lays out its own calls (docs/dispatch.md): a group's
+    slots run as its plain calls, each value numpy's."""
+    port.call("execute_kernel", b"double_table", bytes(8), 1)
+    inputs = random_inputs(rng, 20, int(rng.integers(1, 100)))
+    for x, fut in zip(inputs, port.call_group_async(b"double_table", [x.tobytes() for x in inputs], hint=2)):
+        out = np.frombuffer(fut.result(60), dtype=np.uint32)
+        assert np.array_equal(out[: len(x)], x * np.uint32(2)) and not out[len(x) :].any()
+
+
+def test_device_loss_fails_a_group_then_groups_run_again(rng):
+    """The device is lost under a queued group: each ReqId hears device_lost,
+    the device is rebuilt, and the next group's values are numpy's."""
+    with start_port() as client:
+        client.call("execute_kernel", b"double", bytes(4), 1)
+        lost = client.call_async("test_hook", terms.atom("destroy_device"))
+        in_flight = client.call_group_async(b"double", [bytes(4096)] * 8)
+        lost.result(60)
+        # Queued behind the loss on the one GPU thread: the group fails as a whole, each caller hearing it.
+        assert [outcome(f) for f in in_flight] == [("error", "device_lost")] * 8
+        inputs = random_inputs(rng, 16, 50)
+        for x, fut in zip(inputs, client.call_group_async(b"double", [x.tobytes() for x in inputs])):
+            assert np.array_equal(np.frombuffer(fut.result(60), dtype=np.uint32), x * np.uint32(2))
+        assert client.call_plain("stats")["device_rebuilds"] == 1
