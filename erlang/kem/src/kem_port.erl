@@ -46,12 +46,12 @@
 %% Held calls (queue_call/2, docs/protocol.md "Batch frames" and "Group
 %% frames"): sent once the mailbox is empty, ?HOLD_CALLS are held or
 %% ?HOLD_BYTES; a call frame over ?LONE_BYTES is never held. 64, not the
-%% 256 a group frame may hold: at 256 callers on the echo port (lavapipe
-%% machine, 2 shared cores, alternating runs) a hold of 256 made no
-%% difference (group frames of 59-60 calls on average either way, since the
-%% mailbox empties first; 119-165k calls/s against 115-136k, within the
-%% noise), and 64 is the port's batch (KEM_MAX_BATCH) and keeps calls
-%% frames as they were.
+%% 256 a group frame may hold: at 256 callers (lavapipe machine, 2 shared
+%% cores, alternating runs) a hold of 256 gained nothing: on the echo port
+%% group frames of 59-60 calls on average either way (the mailbox empties
+%% first), 119-165k calls/s against 115-136k; on kem 15.3k/16.3k against
+%% 16.3k/22.3k with 64 (docs/benchmarks.md, "Group frames, from Erlang").
+%% 64 keeps calls frames as they were (the port's batch, KEM_MAX_BATCH).
 -define(HOLD_CALLS, 64).
 -define(HOLD_BYTES, 1048576).
 -define(LONE_BYTES, 65536).
