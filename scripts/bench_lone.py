@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""One lone small call in-process, stage by stage: kem's executor (the path
-a call the reader runs inline takes: Executor.step, then landing) against
-the bare native calls of the same call made through gpu/native.py with
-everything built once (the floor kem's own code can reach).
+"""One lone small call in-process, stage by stage, every road side by side:
+kem's executor as a batch of one (Executor.step, then landing: the road a
+lone call took before the lone kits, and still takes where no kit fits),
+the lone kit road (Executor.run_lone, gpu/lone_kit.py: what the reader
+runs a lone small call on now), and the bare native calls of the same call
+made through gpu/native.py with everything built once (the floor kem's
+own code can reach).
 
 Each call doubles a fresh random 4-byte input with the packaged ``double``
 kernel and is checked against numpy. Interleaved, so drift in the machine's
-load hits both alike. Prints one JSON line per path: per-stage medians
+load hits every row alike. Prints one JSON line per row: per-stage medians
 (executor stages from its own stats timers), p50/p99 of the total, and with
-``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail.
+``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail; then
+one line with every row's p50 / p99.
 
 ``--router`` adds the whole port around the same call, in this process: a
 real Router (decode, checks, intake, the reader's inline run, the reply
@@ -74,7 +78,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class KemLone:
-    """Lone calls through the executor, as gpu_loop.run_inline makes them."""
+    """Lone calls through the executor's batch road (Executor.step, then
+    landing: a batch of one), as gpu_loop.run_inline made them before the
+    lone kits, and as it still does for a call no kit takes."""
 
     def __init__(self, spin_us: int | None) -> None:
         self.stats = Stats()
@@ -83,19 +89,47 @@ class KemLone:
         self.source = default_stores(None)[0].lookup("double")
         self.stages: dict[str, list[float]] = {s: [] for s in EXECUTOR_STAGES}
 
+    def job(self, data: bytes, got: list) -> Job:
+        return Job(KernelCall("double", data, len(data)), self.source, reply=lambda v: got.append(bytes(v)), fail=got.append)
+
     def call(self, data: bytes, spin_s: float | None = None) -> tuple[float, bytes]:
         if spin_s is not None:
             self.executor.gpu.lone_spin_s = spin_s
         got: list = []
-        job = Job(KernelCall("double", data, len(data)), self.source, reply=lambda v: got.append(bytes(v)), fail=got.append)
+        job = self.job(data, got)
         before = dict(self.stats._seconds)
         started = time.perf_counter()
         flight = self.executor.step(None, [job], lone=True)
         if flight is not None:
             self.executor.step(flight, [])
         elapsed = time.perf_counter() - started
+        self.record(before)
+        return elapsed, got[0]
+
+    def record(self, before: dict[str, float]) -> None:
         for stage in EXECUTOR_STAGES:
             self.stages[stage].append(self.stats._seconds[stage] - before.get(stage, 0.0))
+
+
+class KitLone:
+    """The same call on its lone kit (Executor.run_lone, gpu/lone_kit.py),
+    the road gpu_loop.run_inline now takes for a lone small call."""
+
+    def __init__(self, kem: KemLone) -> None:
+        self.kem = kem
+        self.stages: dict[str, list[float]] = {s: [] for s in EXECUTOR_STAGES}
+
+    def call(self, data: bytes) -> tuple[float, bytes]:
+        kem = self.kem
+        got: list = []
+        job = kem.job(data, got)
+        before = dict(kem.stats._seconds)
+        started = time.perf_counter()
+        if not kem.executor.run_lone(job):
+            raise SystemExit("the lone kit road declined the call")
+        elapsed = time.perf_counter() - started
+        for stage in EXECUTOR_STAGES:
+            self.stages[stage].append(kem.stats._seconds[stage] - before.get(stage, 0.0))
         return elapsed, got[0]
 
 
@@ -159,6 +193,7 @@ class RouterLone:
         self.router.start()
         self.stages: dict[str, list[float]] = {}
         self.ids = 0
+        self.kit_calls = 0  # of the measured and warm-up calls, those its lone kit ran
         # The first call is admitted and compiled off the reader, then runs
         # on the GPU thread; wait until that thread is idle again, since the
         # other rows drive the same executor from this thread.
@@ -176,11 +211,13 @@ class RouterLone:
     def call(self, data: bytes) -> tuple[float, bytes]:
         frame = self.frame(data)
         inline = self.kem.stats.count("inline_calls")
+        kits = self.kem.stats.count("lone_kit_calls")
         started = time.perf_counter()
         self.router.handle_frame(frame)
         elapsed = time.perf_counter() - started
         if self.kem.stats.count("inline_calls") != inline + 1:
             raise SystemExit("the router did not run the call inline")
+        self.kit_calls += self.kem.stats.count("lone_kit_calls") - kits
         # The reply went to /dev/null; the executor's own path is checked
         # against numpy by the other rows with the same inputs.
         return elapsed, (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
@@ -268,7 +305,7 @@ def main() -> None:
     kem = KemLone(args.spin_us)
     bare = BareLone(kem)
     spins = [int(v) for v in args.spins.split(",") if v.strip()]
-    paths: dict = {"kem executor": kem, "bare native": bare}
+    paths: dict = {"kem executor (batch road)": kem, "lone kit": KitLone(kem), "bare native": bare}
     if spins:
         paths = {f"kem executor spin {v} us": (kem, v / 1e6) for v in spins} | {"bare native": bare}
     if args.router:
@@ -305,9 +342,14 @@ def main() -> None:
         "kem_waits_blocked": kem.stats.count("gpu_waits_blocked") - blocked_before,
         "gc_collections_and_longest_us": watch.report(),  # over the whole measured run, all rows
     }
+    rows = []
     for name, path in paths.items():
         stages = {} if isinstance(path, tuple) else path.stages  # stage timers are shared when interleaving spins
-        print(json.dumps(summary(name, totals[name], stages, extra)), flush=True)
+        mine = extra | ({"kit_calls": path.kit_calls} if isinstance(path, RouterLone) else {})
+        rows.append(summary(name, totals[name], stages, mine))
+        print(json.dumps(rows[-1]), flush=True)
+    # One line a person reads: every row's p50 / p99 in µs.
+    print("# p50 / p99 us: " + "; ".join(f"{r['path']} {r['total_p50_us']:.0f} / {r['total_p99_us']:.0f}" for r in rows), flush=True)
 
 
 if __name__ == "__main__":
