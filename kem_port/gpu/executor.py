@@ -141,7 +141,11 @@ class Executor:
         except KemError as exc:
             job.refuse(exc)
         except Exception as exc:
-            self._gpu_failure([job], exc)
+            if isinstance(exc, wgpu.GPUError) or is_device_lost(exc):
+                self._gpu_failure([job], exc)
+            else:  # a bug, answered as gpu_loop answers one on the batch road
+                log.exception("lone call failed")
+                job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
         return True
 
     def _land(self, flight: Flight | None) -> None:
