@@ -56,19 +56,22 @@ class Kit:
     )
 
     def __init__(self, path: NativePath, device: wgpu.GPUDevice, prepared, call, limits, zeros) -> None:
-        ffi, lib = self.ffi, self.lib = path.ffi, path.lib
-        self.path = path
-        self.pipeline = prepared.pipeline
-        self.groups = prepared.groups
-        self.entry = prepared.pipeline.entry
-        self.limits = limits
-        wide = self.entry is not None and self.entry.workgroup_size is not None and self.entry.workgroup_size[1] > 1
+        self.path, self.ffi, self.lib = path, path.ffi, path.lib
+        self.pipeline, self.groups, self.limits = prepared.pipeline, prepared.groups, limits
+        self.entry = entry = prepared.pipeline.entry
+        wide = entry is not None and entry.workgroup_size is not None and entry.workgroup_size[1] > 1
         # plan_dispatch reads the params' words only for a 2-D workgroup (an image's size)
         self.groups_from_params = call.params is not None and wide
         self.in_len, self.in_size = len(call.input), prepared.in_size
         self.out_len, self.out_size = call.output_size, prepared.out_size
         self.params_len = -1 if call.params is None else len(call.params)
         self.u_size = prepared.u_size
+        self.zeros = zeros
+        self._make_buffers(device)
+        self._make_structs()
+
+    def _make_buffers(self, device: wgpu.GPUDevice) -> None:
+        """The kit's own buffers, exactly the bound sizes, and the bind group over them."""
         usage = wgpu.BufferUsage
         self.in_buf = device.create_buffer(size=self.in_size, usage=usage.STORAGE | usage.COPY_DST, label="kem-lone-input")
         self.out_buf = device.create_buffer(
@@ -85,12 +88,15 @@ class Kit:
             layout=self.pipeline.layout,
             entries=contract.group_entries((self.in_buf, 0, self.in_size), (self.out_buf, 0, self.out_size), params),
         )
+
+    def _make_structs(self) -> None:
+        """The cffi structs and native handles every call reuses."""
+        ffi, lib, path = self.ffi, self.lib, self.path
         # An input or params whose length is not a whole number of words is
         # copied into a buffer of the bound size first (queue writes are in
         # words); its tail past the length is never written, so it stays zero.
         self.in_pad = ffi.new("uint8_t[]", self.in_size) if self.in_len % 4 else None
         self.u_pad = ffi.new("uint8_t[]", self.u_size) if self.u_size else None
-        self.zeros = zeros
         self.commands = ffi.new("WGPUCommandBuffer[1]")
         self.index = ffi.new("WGPUSubmissionIndex *")
         self.handle = ffi.new_handle(self)  # names this kit to the map callback, for its whole life
@@ -98,8 +104,7 @@ class Kit:
         self.map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         self.map_info.callback = _map_callback(ffi)
         self.map_info.userdata1 = self.handle
-        self.status = lib.WGPUMapAsyncStatus_Success  # no map pending
-        self.success = lib.WGPUMapAsyncStatus_Success
+        self.status = self.success = lib.WGPUMapAsyncStatus_Success  # no map pending
         self.message = ""
         self.device_h, self.queue_h = path.device_handle, path.queue_handle
         self.pipeline_h, self.group_h = handle(self.pipeline.pipeline), handle(self.group)

@@ -102,7 +102,7 @@ class LoneRoad:
         kit = self._kits.get(key)
         fresh = kit is None
         if fresh:
-            kit = self._build(key, job)  # prepare() counted this call's pipeline hit
+            kit = self._build(key, job)
         elif kit is not _NO_KIT:
             self._kits.move_to_end(key)
         if kit is _NO_KIT:
@@ -110,9 +110,17 @@ class LoneRoad:
         groups = kit.groups
         if kit.groups_from_params:
             groups = plan_dispatch(kit.entry, call.output_size, call.param_words, None, kit.limits)
+        result, stamps = self._call(kit, key, call.input, params, groups)
+        job.answer(memoryview(result))
+        self._count(job, kit, fresh, started, *stamps)
+        return True
+
+    def _call(self, kit: Kit, key: tuple, data: bytes, params: bytes | None, groups: tuple[int, int, int]) -> tuple[bytes, tuple]:
+        """The call's native calls on its kit: the result and when each stage
+        ended. A failure drops the kit (its state is then unknown) and is raised."""
         errors = self._path.errors
         try:
-            errors.call(kit.encode, call.input, params, groups)
+            errors.call(kit.encode, data, params, groups)
         except BaseException:
             kit.discard()
             self._drop(key)
@@ -127,7 +135,13 @@ class LoneRoad:
         except BaseException:
             self._drop(key)
             raise
-        job.answer(memoryview(result))
+        return result, (encoded, submitted, waited, blocked)
+
+    def _count(self, job: Job, kit: Kit, fresh: bool, started: float, encoded: float, submitted: float, waited: float,
+               blocked: bool) -> None:
+        """The batch road's counters and stage timers for this call, under
+        one acquisition of the stats lock (a kit's first call counted its
+        pipeline hit in prepare, and made its bind group)."""
         done = time.perf_counter()
         self.stats.bump(
             (("lone_kit_calls", 1), ("pipeline_hits", not fresh), ("bind_group_hits", not fresh), ("bytes_in", kit.in_len),
@@ -136,7 +150,6 @@ class LoneRoad:
              ("gpu_wait", waited - submitted), ("readback", done - waited)),
             batch_size=1,
         )
-        return True
 
     def _reopen(self) -> bool:
         """The device changed (opened, rebuilt, closed): the kits of the old
