@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 MAX_CALLS = 256  # items in one calls frame; the node sends at most 64
 # A calls frame may be read up to this size even where KEM_MAX_INPUT_BYTES
 # makes single frames smaller: the node sends at most 1 MiB of calls in one,
@@ -41,6 +43,7 @@ CALLS_HEAD = bytes([131, _TUPLE, 2, _ATOM, 5]) + b"calls" + bytes([_LIST])
 REPLIES_HEAD = bytes([131, _TUPLE, 3, _ATOM, 7]) + b"replies" + bytes([_BINARY])
 _U32 = struct.Struct(">I")
 _INDEX_ENTRY = struct.Struct(">QI")
+_INDEX_RECORD = np.dtype([("req_id", ">u8"), ("size", ">u4")])  # _INDEX_ENTRY as numpy records
 _u32 = _U32.unpack_from
 
 
@@ -93,6 +96,17 @@ def replies_frame(results: list[tuple[int, bytes | memoryview]]) -> list[bytes |
     blob = sum(len(data) for _, data in results)
     head = REPLIES_HEAD + _U32.pack(len(index)) + index + bytes([_BINARY]) + _U32.pack(blob)
     return [head, *(data for _, data in results)]
+
+
+def uniform_replies_frame(req_ids: np.ndarray, size: int, blob: bytes | memoryview) -> list[bytes | memoryview]:
+    """``{replies, Index, Blob}`` for results of one size (a group's,
+    group_calls.py): the Index built with numpy as ``>u8,>u4`` records, the
+    blob not copied."""
+    index = np.empty(len(req_ids), _INDEX_RECORD)
+    index["req_id"] = req_ids
+    index["size"] = size
+    head = REPLIES_HEAD + _U32.pack(index.nbytes) + index.tobytes() + bytes([_BINARY]) + _U32.pack(len(blob))
+    return [head, blob]
 
 
 def split_replies(frame: bytes) -> list[tuple[int, bytes]] | None:

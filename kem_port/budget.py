@@ -35,9 +35,26 @@ class WorkBudget:
             self.calls += 1
             self.bytes += size
 
+    def take_many(self, calls: int, size: int) -> None:
+        """Hold `calls` calls of `size` bytes in all at once (a group frame,
+        group_frames.py), or raise overloaded and hold none of them; each is
+        given back on its own (give) as it is answered."""
+        with self._lock:
+            if self.calls + calls > self.max_calls:
+                raise KemError("overloaded", f"{self.max_calls} calls are already held by this port")
+            if self.calls and self.bytes + size > self.max_bytes:
+                raise KemError("overloaded", f"calls holding {self.bytes} bytes are already queued (KEM_QUEUE_BYTES={self.max_bytes})")
+            self.calls += calls
+            self.bytes += size
+
     def give(self, size: int) -> None:
         with self._lock:
             self.calls -= 1
+            self.bytes -= size
+
+    def give_many(self, calls: int, size: int) -> None:
+        with self._lock:
+            self.calls -= calls
             self.bytes -= size
 
     def describe(self) -> dict:

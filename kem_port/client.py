@@ -21,6 +21,7 @@ from typing import Any
 from kem_port import terms
 from kem_port.batch_frames import encode_calls, split_replies
 from kem_port.framing import HEADER, read_frame
+from kem_port.group_frames import encode_group
 
 
 class PortError(Exception):
@@ -94,11 +95,7 @@ class PortClient:
         """Send a request; with timeout_ms the port is told the caller's
         timeout, as the Erlang owner does (docs/protocol.md)."""
         req_id = next(self._ids)
-        fut: Future = Future()
-        with self._lock:
-            self._pending[req_id] = fut
-        self.send_raw(terms.encode(self._request(req_id, method, args, timeout_ms)))
-        return fut
+        return self.call_raw_frame(terms.encode(self._request(req_id, method, args, timeout_ms)), [req_id])[0]
 
     def call_batch_async(self, calls: list[tuple], timeout_ms: int | None = None) -> list[Future]:
         """Send calls (each ``(method, *args)``) in one calls frame, as the
@@ -115,14 +112,25 @@ class PortClient:
         self.send_raw(encode_calls(frames))
         return futures
 
-    def call_raw_batch(self, frames: list[bytes], req_ids: list[int]) -> list[Future]:
-        """Send hand-made request frames (possibly hostile) in one calls
-        frame; futures for the replies to req_ids."""
+    def call_group_async(self, kernel_id: bytes, inputs: list[bytes], hint: int = 1, timeouts_ms: list[int] | int = 0) -> list[Future]:
+        """N calls to one kernel as one group frame (group_frames.py); timeouts per call or for all (0: none)."""
+        req_ids = self.next_req_ids(len(inputs))
+        timeouts = timeouts_ms if isinstance(timeouts_ms, list) else [timeouts_ms] * len(inputs)
+        return self.call_raw_frame(encode_group(kernel_id, hint, list(zip(req_ids, timeouts)), inputs), req_ids)
+
+    def next_req_ids(self, n: int) -> list[int]:
+        return [next(self._ids) for _ in range(n)]
+
+    def call_raw_frame(self, frame: bytes, req_ids: list[int]) -> list[Future]:
+        """Send a hand-made frame (possibly hostile, or a calls frame: call_raw_batch); futures for req_ids."""
         futures = [Future() for _ in req_ids]
         with self._lock:
             self._pending.update(zip(req_ids, futures))
-        self.send_raw(encode_calls(frames))
+        self.send_raw(frame)
         return futures
+
+    def call_raw_batch(self, frames: list[bytes], req_ids: list[int]) -> list[Future]:
+        return self.call_raw_frame(encode_calls(frames), req_ids)
 
     @staticmethod
     def _request(req_id: int, method: str, args: Any, timeout_ms: int | None) -> tuple:

@@ -22,7 +22,9 @@ HEADER = struct.Struct(">I")
 _DISCARD_CHUNK = 1 << 20
 
 
-HEAD_KEPT = 64  # of an oversized frame: enough to read the ReqId it names
+# Of an oversized frame: enough to read the ReqId it names, or the 256
+# entries of a group frame after a 128-byte kernel id (group_frames.py).
+HEAD_KEPT = 4096
 
 
 class OversizedFrame(Exception):

@@ -23,6 +23,7 @@ from kem_port.batching import BatchSizer
 from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight
 from kem_port.gpu.calls import Job
+from kem_port.gpu.group_job import GroupJob
 from kem_port.gpu.executor import Executor
 
 log = logging.getLogger("kem_port.gpu_loop")
@@ -80,13 +81,15 @@ class GpuLoop:
         ("queued", calls ahead of it), or None when it is in neither."""
         if tag is None:
             return None
-        if tag == self._control_tag or any(job.tag == tag for job in list(self._running)):
+        if tag == self._control_tag or any(job.has_tag(tag) for job in list(self._running)):
             return "running", 0
         with self.queue.mutex:
             waiting = list(self.queue.queue)
-        for ahead, item in enumerate(waiting):
-            if getattr(item, "tag", None) == tag:
+        ahead = 0
+        for item in waiting:
+            if item.has_tag(tag) if isinstance(item, Job) else getattr(item, "tag", None) == tag:
                 return "queued", ahead
+            ahead += item.calls if isinstance(item, Job) else 1
         return None
 
     def run_inline(self, job: Job) -> bool:
@@ -174,7 +177,11 @@ class GpuLoop:
         for job in batch:
             if job.expired(now):
                 waited = (time.perf_counter() - job.enqueued) * 1000
-                job.refuse(KemError("timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it"))
+                error = KemError("timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it")
+                if isinstance(job, GroupJob):
+                    job.expire(now, error)  # its slots past their deadline; the others run
+                else:
+                    job.refuse(error)
         return [job for job in batch if not job.answered]
 
     def _next_nowait(self) -> Job | Control | None:
@@ -240,24 +247,27 @@ def _put_all(q: queue.Queue, jobs: list[Job]) -> list[Job]:
 
 def _take_batch(q: queue.Queue, first: Job, cap: int, byte_limit: int) -> tuple[list[Job], Control | None]:
     """`first` and the jobs queued behind it, taken under one lock: up to
-    `cap` jobs and until their batch_bytes reach `byte_limit`, stopping at a
-    control action (returned, to run once the batch has landed). One
+    `cap` calls (a GroupJob counts its slots and is never split, so one
+    may take a batch past `cap`) and until their batch_bytes reach
+    `byte_limit`, stopping at a control action (returned, to run once the batch has landed). One
     get_nowait per job took the queue's mutex and notified not_full once per
     job: with _unexpired, 1.1-1.5 us a job against 0.4-0.7 for this at 64
     jobs (scripts/batch_curve.py --drain 64, runs alternating with the
     commit before). The hooks are queue.Queue's documented subclassing ones
     (_get, _qsize), as _put_all's."""
     batch = [first]
-    total = first.call.batch_bytes
+    total = first.batch_bytes
+    calls = first.calls
     control: Control | None = None
     with q.mutex:
-        while len(batch) < cap and total < byte_limit and q._qsize():
+        while calls < cap and total < byte_limit and q._qsize():
             item = q._get()
             if not isinstance(item, Job):
                 control = item
                 break
             batch.append(item)
-            total += item.call.batch_bytes
+            total += item.batch_bytes
+            calls += item.calls
         taken = len(batch) - 1 + (control is not None)
         if taken:
             q.not_full.notify(taken)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,8 +28,11 @@ from kem_port.budget import WorkBudget
 from kem_port.call_state import CallStates
 from kem_port.config import Config
 from kem_port.errors import KemError
+from kem_port.framing import FrameWriter
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
+from kem_port.group_calls import group_job
+from kem_port.group_frames import Group
 from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
@@ -77,6 +81,7 @@ class Intake:
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
         self.states = CallStates(loop)  # where a call is, for call_state
         self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
+        self.writer: FrameWriter | None = None  # set by the router: group jobs' answers (group_calls.py)
         # Inside together() (the reader, one calls frame): kernel sources
         # found so far, and the jobs that go to the GPU queue at its end.
         self._sources: dict[str, KernelSource] | None = None
@@ -119,6 +124,50 @@ class Intake:
         except BaseException:
             release()
             raise
+
+    def submit_group(self, group: Group) -> None:
+        """Take in the N calls of a group frame (group_frames.py): the budget
+        for all of them at once (overloaded for the group as a whole,
+        raised), the kernel resolved and admitted once, and ONE job queued
+        (gpu/group_job.py). A kernel still to fetch or admit: each call
+        takes that road on its own (_expand), as it would alone."""
+        share = max(group.size, group.output_size)
+        try:
+            self.budget.take_many(group.n, group.n * share)
+        except KemError:
+            self.stats.inc("overloaded")
+            raise
+        try:
+            call = KernelCall(group.kernel_id, group.inputs[: group.size], group.output_size)
+            source = self._resolve_local(group.kernel_id)
+            admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
+            if admitted is not None and self.writer is not None:
+                self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
+                self.stats.inc("group_jobs")
+                return
+        except QueueFull:
+            self.budget.give_many(group.n, group.n * share)
+            self.stats.inc("overloaded")
+            raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
+        except BaseException:  # nothing queued: the group's budget goes back before its callers hear why
+            self.budget.give_many(group.n, group.n * share)
+            raise
+        self._expand(group, share)  # each call releases its own share from here
+
+    def _expand(self, group: Group, share: int) -> None:
+        """Each call of a group on its own road (fetch, admission), its share
+        of the budget already held."""
+        now = time.monotonic()
+        size, inputs = group.size, group.inputs
+        for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.entries["timeout_ms"].tolist())):
+            call = KernelCall(group.kernel_id, inputs[i * size : (i + 1) * size], group.output_size)
+            release = Once(lambda: self.budget.give(share))
+            timeout_s = timeout_ms / 1000.0 if timeout_ms else None
+            try:
+                self._route(req_id, call, release, Deadline(now + timeout_s, timeout_s) if timeout_s else Deadline())
+            except KemError as exc:
+                release()
+                self.fail(req_id, exc)
 
     def _route(self, req_id: int, call: KernelCall, release: Callable[[], None], deadline: Deadline) -> None:
         source = self._resolve_local(call.kernel_id)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kem_port import shm, terms, test_hooks, warm
+from kem_port import group_frames
 from kem_port.batch_frames import is_calls_frame, split_calls
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
@@ -69,6 +70,7 @@ class Router:
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
         self.health = Health(executor, config)
         self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
+        self.intake.writer = writer  # group jobs answer many at once (group_calls.py)
 
     def start(self) -> None:
         self.loop.start()
@@ -100,6 +102,9 @@ class Router:
         """One frame off the pipe: a request, or a calls frame of many
         (batch_frames.py), each of whose requests is read as a frame of its
         own; their kernel calls reach the GPU queue together."""
+        if group_frames.is_group_frame(frame):
+            self._handle_group(frame)
+            return
         calls = split_calls(frame) if is_calls_frame(frame) else None
         if calls is None:
             if self._handle_request(frame):
@@ -124,7 +129,12 @@ class Router:
                 req_id, hot_call = hot[0], True
                 self.intake.submit(*hot)
                 return True
-            call = parse_call(terms.decode_request(frame))
+            term = terms.decode_request(frame)
+            group = group_frames.fields_of_term(term)  # a group frame in another spelling
+            if group is not None:
+                self._submit_group(group)
+                return False
+            call = parse_call(term)
             req_id = call.req_id
             self.stats.inc("calls")
             self._route(call)
@@ -136,6 +146,43 @@ class Router:
             log.exception("internal error")
             self.reply_error(req_id, KemError("internal", "internal error (details in the node's log)"))
         return hot_call
+
+    def _handle_group(self, frame: bytes) -> None:
+        """A group frame (group_frames.py): N calls to one kernel, checked
+        once; a refusal that holds for one holds for all N (each hears it)."""
+        try:
+            fields = group_frames.read_fields(frame)
+            if fields is None:  # a spelling the narrow reader does not take
+                fields = group_frames.fields_of_term(terms.decode_request(frame))
+            if fields is None:
+                raise KemError("bad_request", "expected {group, KernelId, Hint, Entries, Inputs}")
+            self._submit_group(fields)
+        except KemError as exc:  # the frame names no caller it can be sure of
+            self.reply_error(getattr(exc, "req_id", None), exc)
+        except Exception:
+            log.exception("internal error")
+            self.reply_error(None, KemError("internal", "internal error (details in the node's log)"))
+
+    def _submit_group(self, fields: group_frames.GroupFields) -> None:
+        self.writer.replies_frames = True
+        self.stats.inc("group_frames")
+        try:
+            group = group_frames.check(fields, self.config)  # KemError: no caller named (to undefined)
+        except group_frames.GroupRefused as exc:
+            self.refuse_all(exc.req_ids, exc.error)
+            return
+        try:
+            with self.intake.together():
+                self.intake.submit_group(group)
+        except KemError as exc:  # the budget refused the group as a whole
+            self.refuse_all(group.req_ids, exc)
+            return
+        self.stats.inc("calls", group.n)
+
+    def refuse_all(self, req_ids: list[int], error: KemError) -> None:
+        with self.writer.gathered():  # one write for all N refusals
+            for req_id in req_ids:
+                self.reply_error(req_id, error)
 
     def _route(self, call: Call) -> None:
         req_id, method, args = call.req_id, call.method, call.args

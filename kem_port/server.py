@@ -18,6 +18,7 @@ from kem_port.admission.guard import guard_from_config
 from kem_port.admission.worker import COMPILE_STACK_BYTES
 from kem_port import log_frames, terms
 from kem_port.batch_frames import MAX_CALLS_FRAME_BYTES, is_calls_frame
+from kem_port.group_frames import is_group_frame, req_ids_in_head
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.etf_guard import peek_req_id
@@ -47,6 +48,17 @@ def start_error(writer: FrameWriter, captured: CapturedStderr | None, reason: st
     if captured is not None:
         os.write(captured.original_fd, (detail + "\n").encode())
     return 2
+
+
+def refuse_too_large(router: Router, head: bytes, detail: str) -> None:
+    """A frame over the size limit: every caller of a group frame hears
+    too_large, or the caller a ``{call, ReqId, ...}`` head names."""
+    error = KemError("too_large", detail)
+    req_ids = req_ids_in_head(head)
+    if req_ids is None:
+        router.reply_error(peek_req_id(head), error)
+        return
+    router.refuse_all(req_ids, error)
 
 
 def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> int:
@@ -86,14 +98,13 @@ def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> in
             try:
                 frame = read_frame(in_fd, limit)
             except OversizedFrame as exc:
-                router.reply_error(peek_req_id(exc.head), KemError("too_large", str(exc)))
+                refuse_too_large(router, exc.head, str(exc))
                 continue
             if frame is None:
                 break
-            if len(frame) > config.max_frame_bytes and not is_calls_frame(frame):
-                # Read whole only because calls frames may be this large.
-                detail = str(OversizedFrame(len(frame), config.max_frame_bytes))
-                router.reply_error(peek_req_id(frame[:HEAD_KEPT]), KemError("too_large", detail))
+            if len(frame) > config.max_frame_bytes and not (is_calls_frame(frame) or is_group_frame(frame)):
+                # Read whole only because calls and group frames may be this large.
+                refuse_too_large(router, frame[:HEAD_KEPT], str(OversizedFrame(len(frame), config.max_frame_bytes)))
                 continue
             router.handle_frame(frame)
     except (BrokenPipeError, ConnectionResetError):

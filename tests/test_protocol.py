@@ -48,7 +48,7 @@ def test_version_names_the_package_and_the_protocol(port):
     assert sorted(terms.atom_name(k) for k in got) == ["package", "protocol"]
     assert terms.binary_bytes(got[terms.atom("package")]) == kem_port.__version__.encode()
     assert got[terms.atom("protocol")] == PROTOCOL_VERSION
-    assert PROTOCOL_VERSION == 3 and kem_port.__version__ == "0.2.0"
+    assert PROTOCOL_VERSION == 4 and kem_port.__version__ == "0.2.0"
     with pytest.raises(PortError) as err:
         port.call("version", 1)
     assert err.value.reason == "bad_args"

@@ -1,8 +1,9 @@
 """``python tools/echo_port.py``: kem's transport without a GPU, the ceiling
 the benchmark compares against.
 
-Same framing, codec and reply fast path as the real port, calls frames and
-replies frames included (kem_port/batch_frames.py); a kernel call is
+Same framing, codec and reply fast path as the real port, calls frames,
+group frames and replies frames included (kem_port/batch_frames.py,
+kem_port/group_frames.py); a kernel call is
 answered with its own input bytes, so a round trip moves the same payload
 both ways and does no GPU work.
 """
@@ -18,6 +19,7 @@ def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
     from kem_port.batch_frames import split_calls
     from kem_port.framing import FrameWriter, read_frame
+    from kem_port.group_frames import read_fields, req_ids_of
 
     answer = answerer()
     writer = FrameWriter(out_fd)
@@ -25,6 +27,11 @@ def main() -> int:
         frame = read_frame(in_fd, 1 << 31)
         if frame is None:
             os._exit(0)
+        group = read_fields(frame)
+        if group is not None:
+            writer.replies_frames = True
+            echo_group(writer, req_ids_of(group.entries) or [], group.inputs)
+            continue
         calls = split_calls(frame)
         if calls is None:
             answer(writer, frame)
@@ -33,6 +40,17 @@ def main() -> int:
         with writer.gathered():  # the real port answers a calls frame's results as one replies frame
             for request in calls:
                 answer(writer, request)
+
+
+def echo_group(writer, req_ids: list[int], inputs: memoryview) -> None:
+    """Each call of a group frame answered with its own input, all in one
+    replies frame as the real port answers a group."""
+    if not req_ids or len(inputs) % len(req_ids):
+        return
+    size = len(inputs) // len(req_ids)
+    with writer.gathered():
+        for i, req_id in enumerate(req_ids):
+            writer.write_result(req_id, bytes(inputs[i * size : (i + 1) * size]))
 
 
 def answerer():

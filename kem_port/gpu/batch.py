@@ -20,6 +20,7 @@ import wgpu
 
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu import call_table
+from kem_port.gpu.group_stage import dispatch_slots, gather
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
 from kem_port.gpu.hot_path import HotPath
@@ -64,8 +65,13 @@ class Flight:
     def jobs(self) -> list[Job]:
         return [item.job for item in self.items]
 
+    @property
+    def calls(self) -> int:
+        """Callers in the batch (a group job counts its slots)."""
+        return sum(item.job.calls for item in self.items)
+
     def cost(self) -> BatchCost:
-        return BatchCost(len(self.items), self.spent, self.largest_call_bytes)
+        return BatchCost(self.calls, self.spent, self.largest_call_bytes)
 
     def take(self, kind: str, size: int) -> wgpu.GPUBuffer:
         buf = self.pool.take(kind, size)
@@ -104,9 +110,9 @@ class Stages:
         bytes_in = largest = 0
         for item in items:
             call = item.job.call
-            waited += started - item.job.enqueued
+            waited += (started - item.job.enqueued) * item.job.calls
             size = len(call.input)
-            bytes_in += size
+            bytes_in += size * item.job.calls
             if size > largest or call.output_size > largest:
                 largest = max(size, call.output_size)
         self.stats.add_time("queue_wait", waited)
@@ -179,6 +185,9 @@ class Stages:
             if pipeline is not current:
                 encoder.set_pipeline(pipeline.pipeline)
                 current = pipeline
+            if item.job.calls > 1:  # a group job: a dispatch per live slot
+                hits += dispatch_slots(encoder, pipelines, device, item, in_buf, out_buf, in_serial, out_serial)
+                continue
             with_params = item.job.call.params is not None
             key = (
                 pipeline.serial, in_serial, item.in_offset, item.in_size, out_serial, item.out_offset, item.out_size,
@@ -239,6 +248,9 @@ class Stages:
         mapped_view = flight.hot.mapped(flight.staging, 0, flight.staging.size)
         for item in flight.items:
             size = item.job.call.output_size
+            if item.job.calls > 1:
+                later.append((item.job, gather(mapped_view, item)))
+                continue
             view = mapped_view[item.out_offset : item.out_offset + size]
             if size <= SMALL_RESULT:
                 later.append((item.job, bytes(view)))
@@ -247,7 +259,7 @@ class Stages:
                 item.job.answer(view)
         if flight.timing is not None:
             self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
-            self.stats.inc("gpu_kernel_samples", len(flight.items))
+            self.stats.inc("gpu_kernel_samples", flight.calls)
         flight.hot.unmap(flight.staging)
         return later
 

@@ -106,6 +106,15 @@ class Job:
     answered: bool = False
     tag: object = None  # the caller's id, for "where is this call?" (call_state.py)
     deadline: float | None = None  # time.monotonic() past which nobody waits for it
+    calls: int = 1  # callers it answers (a GroupJob's slots, gpu/group_job.py)
+
+    @property
+    def batch_bytes(self) -> int:
+        """What it puts in a batch's buffers (the batch's byte cap, gpu_loop.py)."""
+        return self.call.batch_bytes * self.calls
+
+    def has_tag(self, tag: object) -> bool:
+        return self.tag == tag
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline

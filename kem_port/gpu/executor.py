@@ -27,6 +27,7 @@ from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
+from kem_port.gpu.group_job import GroupJob
 from kem_port.gpu.lone_road import LoneRoad
 from kem_port.gpu.pipelines import Pipelines, gpu_message
 from kem_port.gpu.plan import BatchPreparer, Prepared
@@ -167,12 +168,19 @@ class Executor:
                 return []
         ready: list[Prepared] = []
         prepare = BatchPreparer(self.gpu, self.pipelines)
-        for job in jobs:
+        pending = list(jobs)
+        for job in pending:  # grows while it runs: a group split into its slots' jobs
             if job.call.output_size == 0:
                 job.answer(memoryview(b""))
                 continue
             try:
-                ready.append(prepare(job))
+                item = prepare(job)
+                if isinstance(job, GroupJob) and item.pipeline.tabled:
+                    # A call-table kernel lays out its own calls: the group's slots go as plain
+                    # calls, each prepared (and, should that fail, answered) on its own.
+                    pending.extend(job.split())
+                else:
+                    ready.append(item)
             except KemError as exc:
                 job.refuse(exc)
             except wgpu.GPUError as exc:
@@ -200,7 +208,7 @@ class Executor:
             self._fail_flight(flight, KemError("gpu_error", f"reading the results failed: {gpu_message(exc)}"))
             return
         flight.release()
-        self.stats.batch(len(flight.items))
+        self.stats.batch(flight.calls)
         # Small results go out last, once this thread's bookkeeping is done:
         # the caller's next request then finds the GPU thread already
         # waiting instead of competing with it for the GIL.

@@ -52,6 +52,11 @@ class WrapperEncoder:
     def dispatch(self, x: int, y: int = 1, z: int = 1) -> None:
         self._pass.dispatch_workgroups(x, y, z)
 
+    def dispatch_each(self, groups: list, x: int, y: int, z: int) -> None:
+        for group in groups:
+            self._pass.set_bind_group(0, group)
+            self._pass.dispatch_workgroups(x, y, z)
+
     def end_pass(self) -> None:
         self._pass.end()
         self._pass = None

@@ -78,6 +78,15 @@ class NativeEncoder:
     def dispatch(self, x: int, y: int = 1, z: int = 1) -> None:
         self._lib.wgpuComputePassEncoderDispatchWorkgroups(self._pass, x, y, z)
 
+    def dispatch_each(self, groups: list, x: int, y: int, z: int) -> None:
+        """set_bind_group and dispatch for each bind group, same workgroups
+        (a group job's slots): the per-call loop with nothing looked up in it."""
+        set_group, dispatch = self._lib.wgpuComputePassEncoderSetBindGroup, self._lib.wgpuComputePassEncoderDispatchWorkgroups
+        pass_, null = self._pass, self._path.ffi.NULL
+        for group in groups:
+            set_group(pass_, 0, handle(group), 0, null)
+            dispatch(pass_, x, y, z)
+
     def end_pass(self) -> None:
         self._lib.wgpuComputePassEncoderEnd(self._pass)
         self._lib.wgpuComputePassEncoderRelease(self._pass)

@@ -28,6 +28,9 @@ log = logging.getLogger("kem_port.gpu.pipelines")
 
 PIPELINE_CACHE_SIZE = 256
 BIND_GROUP_CACHE_SIZE = 1024
+# Slot lists (a group job's N bind groups, gpu/group_stage.py) kept: each
+# holds up to 256 groups, so this bounds them to 16k.
+SLOT_LIST_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,14 @@ class Pipelines:
         self._cache: OrderedDict[tuple, Pipeline] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
+        self._slot_lists: OrderedDict[tuple, list[wgpu.GPUBindGroup]] = OrderedDict()
         self._serial = 0
 
     def clear(self) -> None:
         """Forget what belonged to a device that is gone."""
         self._cache.clear()
         self._bind_groups.clear()
+        self._slot_lists.clear()
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -119,6 +124,18 @@ class Pipelines:
         if group is not None:
             self._bind_groups.move_to_end(key)
         return group
+
+    def cached_slot_list(self, key: tuple) -> list | None:
+        """The bind groups of a group job's slots laid out as `key` says, or None."""
+        found = self._slot_lists.get(key)
+        if found is not None:
+            self._slot_lists.move_to_end(key)
+        return found
+
+    def keep_slot_list(self, key: tuple, groups: list) -> None:
+        self._slot_lists[key] = groups
+        while len(self._slot_lists) > SLOT_LIST_CACHE_SIZE:
+            self._slot_lists.popitem(last=False)
 
     def new_bind_group(self, key: tuple, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
         """Create the group for `key` and cache it (evicting the oldest)."""

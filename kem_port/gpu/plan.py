@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kem_port.gpu import call_table, contract
 from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
 from kem_port.gpu.device import Device
@@ -29,6 +31,9 @@ class Prepared:
     in_offset: int = 0
     out_offset: int = 0
     u_offset: int = 0
+    # A group job's slots (gpu/group_job.py) sit this far apart, from the offsets above.
+    in_stride: int = 0
+    out_stride: int = 0
 
 
 def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
@@ -146,11 +151,15 @@ class BatchPlan:
         self.large = [i for i in items if len(i.job.call.input) > PACK_LIMIT]
         in_total = out_total = u_total = 0
         for item in self.small + self.large:
-            item.in_offset, in_total = in_total, in_total + contract.align(item.in_size, storage_align)
-        self.small_end = self.small[-1].in_offset + self.small[-1].in_size if self.small else 0
+            item.in_stride = contract.align(item.in_size, storage_align)
+            item.in_offset, in_total = in_total, in_total + item.job.calls * item.in_stride
+        last = self.small[-1] if self.small else None
+        # (A group's whole slots: _pack_slots views them as one (N, stride) array.)
+        self.small_end = last.in_offset + (last.in_size if last.job.calls == 1 else last.job.calls * last.in_stride) if last else 0
         self.plain = [i for i in items if not i.pipeline.tabled]
         for item in self.plain:
-            item.out_offset, out_total = out_total, out_total + contract.align(item.out_size, storage_align)
+            item.out_stride = contract.align(item.out_size, storage_align)
+            item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
         self.groups = _table_groups([i for i in items if i.pipeline.tabled], binding_limit, max_groups)
@@ -171,11 +180,16 @@ class BatchPlan:
         if self.small:
             packed = bytearray(self.small_end)
             for item in self.small:
-                packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
+                if item.job.calls > 1:
+                    _pack_slots(packed, item)
+                else:
+                    packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
             hot.write(in_buf, 0, packed)
         for item in self.large:
             data = item.job.call.input
-            if isinstance(data, FILE_INPUTS):
+            if item.job.calls > 1:
+                _write_slots(hot, in_buf, item)
+            elif isinstance(data, FILE_INPUTS):
                 copy = _upload_file(hot, in_buf, data, item, take)
                 if copy is not None:
                     copies.append(copy)
@@ -193,6 +207,33 @@ class BatchPlan:
                 rows[group.table_offset : group.table_offset + len(group.rows)] = group.rows
             hot.write(t_buf, 0, rows)
         return copies
+
+
+def _slots(item: Prepared) -> tuple[np.ndarray, int]:
+    """A group job's inputs as an (N, S) array, and S."""
+    size = len(item.job.call.input)
+    return np.frombuffer(item.job.inputs, np.uint8).reshape(item.job.calls, size), size
+
+
+def _pack_slots(packed: bytearray, item: Prepared) -> None:
+    """A group's N inputs into its N slots of the packed upload, one numpy
+    copy (the padding between slots stays the bytearray's zeros)."""
+    inputs, size = _slots(item)
+    stride = item.in_stride
+    slots = np.frombuffer(packed, np.uint8, item.job.calls * stride, item.in_offset).reshape(-1, stride)
+    slots[:, :size] = inputs
+
+
+def _write_slots(hot, buf, item: Prepared) -> None:
+    """A group of large inputs: written as they are when the slots need no
+    padding, else padded into one array first."""
+    inputs, size = _slots(item)
+    if size == item.in_stride:
+        hot.write(buf, item.in_offset, item.job.inputs)
+        return
+    padded = np.zeros((item.job.calls, item.in_stride), np.uint8)
+    padded[:, :size] = inputs
+    hot.write(buf, item.in_offset, padded)
 
 
 def _upload_file(hot, in_buf, data: FileInput | FileParts, item: Prepared, take) -> tuple | None:

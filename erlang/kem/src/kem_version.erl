@@ -7,7 +7,7 @@
 -module(kem_version).
 -export([check/1, protocol/0, app_vsn/0]).
 
--define(PROTOCOL, 3).
+-define(PROTOCOL, 4).
 
 -spec protocol() -> pos_integer().
 protocol() -> ?PROTOCOL.
