@@ -137,19 +137,22 @@ class Intake:
         except KemError:
             self.stats.inc("overloaded")
             raise
-        call = KernelCall(group.kernel_id, group.inputs[: group.size], group.output_size)
-        source = self._resolve_local(group.kernel_id)
-        admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
-        if admitted is None or self.writer is None:
-            self._expand(group, share)
-            return
         try:
-            self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
-            self.stats.inc("group_jobs")
+            call = KernelCall(group.kernel_id, group.inputs[: group.size], group.output_size)
+            source = self._resolve_local(group.kernel_id)
+            admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
+            if admitted is not None and self.writer is not None:
+                self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
+                self.stats.inc("group_jobs")
+                return
         except QueueFull:
             self.budget.give_many(group.n, group.n * share)
             self.stats.inc("overloaded")
             raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
+        except BaseException:  # nothing queued: the group's budget goes back before its callers hear why
+            self.budget.give_many(group.n, group.n * share)
+            raise
+        self._expand(group, share)  # each call releases its own share from here
 
     def _expand(self, group: Group, share: int) -> None:
         """Each call of a group on its own road (fetch, admission), its share

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -39,6 +40,21 @@ class Stats:
             self._batch_sizes[size] += 1
             self._counts["batches"] += 1
             self._counts["batched_calls"] += size
+
+    def bump(self, counts: Iterable[tuple[str, int]], seconds: Iterable[tuple[str, float]] = (), batch_size: int = 0) -> None:
+        """Several counters and timers (and a batch of batch_size) under one
+        acquisition of the lock: a lone call's dozen updates one at a time
+        took the lock a dozen times (~0.35 us each)."""
+        with self._lock:
+            counts_, times = self._counts, self._seconds
+            for name, n in counts:
+                counts_[name] += n
+            for name, secs in seconds:
+                times[name] += secs
+            if batch_size:
+                self._batch_sizes[batch_size] += 1
+                counts_["batches"] += 1
+                counts_["batched_calls"] += batch_size
 
     def count(self, name: str) -> int:
         with self._lock:

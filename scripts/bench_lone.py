@@ -1,23 +1,30 @@
 #!/usr/bin/env python3
-"""One lone small call in-process, stage by stage: kem's executor (the path
-a call the reader runs inline takes: Executor.step, then landing) against
-the bare native calls of the same call made through gpu/native.py with
-everything built once (the floor kem's own code can reach).
+"""One lone small call in-process, stage by stage, every road side by side:
+kem's executor as a batch of one (Executor.step, then landing: the road a
+lone call took before the lone kits, and still takes where no kit fits),
+the lone kit road (Executor.run_lone, gpu/lone_kit.py: what the reader
+runs a lone small call on now), and the bare native calls of the same call
+made through gpu/native.py with everything built once (the floor kem's
+own code can reach).
 
 Each call doubles a fresh random 4-byte input with the packaged ``double``
 kernel and is checked against numpy. Interleaved, so drift in the machine's
-load hits both alike. Prints one JSON line per path: per-stage medians
+load hits every row alike. Prints one JSON line per row: per-stage medians
 (executor stages from its own stats timers), p50/p99 of the total, and with
-``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail.
+``--gc-freeze`` how a ``gc.freeze()`` after warm-up changes the tail; then
+one line with every row's p50 / p99.
 
 ``--router`` adds the whole port around the same call, in this process: a
 real Router (decode, checks, intake, the reader's inline run, the reply
 encoded and written by a FrameWriter to /dev/null), fed execute_kernel
-frames as the node sends them, so what the port adds around the executor
-shows without the pipe and Erlang.
+frames as the node sends them through a pipe that it reads and polls as
+the port does, so what the port adds around the executor shows without
+Erlang; its row splits the reader's time (read, parse, intake, the
+executor's road, the reply).
 
 ``--against REV`` adds the executor of another revision (``main``, a
-commit) in the same process, interleaved: its ``kem_port`` is exported with
+commit) in the same process, interleaved, and with ``--router`` that
+revision's whole port around it too: its ``kem_port`` is exported with
 ``git archive`` into a temporary directory as a package of another name, so
 both versions run side by side on the same adapter and load. On a shared
 machine whose load swings ±50% between runs, that is the only fair
@@ -53,18 +60,19 @@ import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kem_port import terms  # noqa: E402
-from kem_port.admission.guard import guard_from_config  # noqa: E402
 from kem_port.config import Config  # noqa: E402
-from kem_port.framing import FrameWriter  # noqa: E402
 from kem_port.gpu.calls import Job, KernelCall  # noqa: E402
 from kem_port.gpu.executor import Executor  # noqa: E402
-from kem_port.kernel_store import KernelResolver, default_stores  # noqa: E402
-from kem_port.router import Router  # noqa: E402
+from kem_port.kernel_store import default_stores  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ZEROS = bytes(256)
 EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
+# The Router row's split: the frame read off its pipe, then decoded and
+# checked (and the counting around it), intake (budget, source, admission, job, inline decision), the
+# executor's road without the reply, and the reply's encoding and write.
+ROUTER_STAGES = ("reader_read", "reader_parse", "reader_intake", "gpu_road", "reader_reply")
 U = wgpu.BufferUsage
 
 
@@ -74,7 +82,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class KemLone:
-    """Lone calls through the executor, as gpu_loop.run_inline makes them."""
+    """Lone calls through the executor's batch road (Executor.step, then
+    landing: a batch of one), as gpu_loop.run_inline made them before the
+    lone kits, and as it still does for a call no kit takes."""
 
     def __init__(self, spin_us: int | None) -> None:
         self.stats = Stats()
@@ -83,19 +93,47 @@ class KemLone:
         self.source = default_stores(None)[0].lookup("double")
         self.stages: dict[str, list[float]] = {s: [] for s in EXECUTOR_STAGES}
 
+    def job(self, data: bytes, got: list) -> Job:
+        return Job(KernelCall("double", data, len(data)), self.source, reply=lambda v: got.append(bytes(v)), fail=got.append)
+
     def call(self, data: bytes, spin_s: float | None = None) -> tuple[float, bytes]:
         if spin_s is not None:
             self.executor.gpu.lone_spin_s = spin_s
         got: list = []
-        job = Job(KernelCall("double", data, len(data)), self.source, reply=lambda v: got.append(bytes(v)), fail=got.append)
+        job = self.job(data, got)
         before = dict(self.stats._seconds)
         started = time.perf_counter()
         flight = self.executor.step(None, [job], lone=True)
         if flight is not None:
             self.executor.step(flight, [])
         elapsed = time.perf_counter() - started
+        self.record(before)
+        return elapsed, got[0]
+
+    def record(self, before: dict[str, float]) -> None:
         for stage in EXECUTOR_STAGES:
             self.stages[stage].append(self.stats._seconds[stage] - before.get(stage, 0.0))
+
+
+class KitLone:
+    """The same call on its lone kit (Executor.run_lone, gpu/lone_kit.py),
+    the road gpu_loop.run_inline now takes for a lone small call."""
+
+    def __init__(self, kem: KemLone) -> None:
+        self.kem = kem
+        self.stages: dict[str, list[float]] = {s: [] for s in EXECUTOR_STAGES}
+
+    def call(self, data: bytes) -> tuple[float, bytes]:
+        kem = self.kem
+        got: list = []
+        job = kem.job(data, got)
+        before = dict(kem.stats._seconds)
+        started = time.perf_counter()
+        if not kem.executor.run_lone(job):
+            raise SystemExit("the lone kit road declined the call")
+        elapsed = time.perf_counter() - started
+        for stage in EXECUTOR_STAGES:
+            self.stages[stage].append(kem.stats._seconds[stage] - before.get(stage, 0.0))
         return elapsed, got[0]
 
 
@@ -147,26 +185,58 @@ class BareLone:
 
 class RouterLone:
     """The same call as a frame through a real Router on kem's executor,
-    with nothing else waiting (so the reader runs it inline, as in the port)."""
+    with nothing else waiting (so the reader runs it inline, as in the port).
+    ``package``: the kem_port to build it from (another revision's, for
+    ``--against``), with that revision's executor and stats."""
 
-    def __init__(self, kem: KemLone) -> None:
-        self.kem = kem
-        config = kem.executor.gpu.config
+    def __init__(self, executor, stats, package: str = "kem_port") -> None:
+        load = lambda name: importlib.import_module(f"{package}.{name}")  # noqa: E731
+        self.stats = stats
+        config = executor.gpu.config
         self.sink = os.open(os.devnull, os.O_WRONLY)
-        resolver = KernelResolver(default_stores(config.kernel_dir), None)
-        self.router = Router(config, kem.stats, kem.executor, resolver, FrameWriter(self.sink), lambda: False,
-                             guard_from_config(config, kem.stats))
+        # Frames come through a pipe, read as the port reads them, and the
+        # inline decision polls that pipe as the port polls its input.
+        self.pipe_in, self.pipe_out = os.pipe()
+        framing = load("framing")
+        self.read_frame, self.header = framing.read_frame, framing.HEADER
+        store = load("kernel_store")
+        resolver = store.KernelResolver(store.default_stores(config.kernel_dir), None)
+        self.router = load("router").Router(config, stats, executor, resolver, framing.FrameWriter(self.sink),
+                                            load("stdio_guard").input_waiting(self.pipe_in),
+                                            load("admission.guard").guard_from_config(config, stats))
         self.router.start()
-        self.stages: dict[str, list[float]] = {}
+        self.stages: dict[str, list[float]] = {s: [] for s in ROUTER_STAGES}
         self.ids = 0
+        self.kit_calls = 0  # of the measured and warm-up calls, those its lone kit ran
         # The first call is admitted and compiled off the reader, then runs
         # on the GPU thread; wait until that thread is idle again, since the
         # other rows drive the same executor from this thread.
         self.router.handle_frame(self.frame(b"\0" * 4))
         deadline = time.monotonic() + 60
-        while kem.stats.count("batches") == 0 and time.monotonic() < deadline:
+        while stats.count("batches") == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
+        # Where the reader's time goes, from three timed points (each adds
+        # ~0.2 us): intake.submit, the executor's road (run_lone, or step
+        # where the revision has no kits; the reply is written inside it)
+        # and the reply's write.
+        self._timed: list[float] | None = None
+        self._time(self.router.intake, "submit", 0)
+        self._time(executor, "run_lone" if hasattr(executor, "run_lone") else "step", 1)
+        self._time(self.router.writer, "write_result", 2)
+
+    def _time(self, owner, name: str, slot: int) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if self._timed is not None:
+                    self._timed[slot] += time.perf_counter() - started
+
+        setattr(owner, name, timed)
 
     def frame(self, data: bytes) -> bytes:
         self.ids += 1
@@ -175,12 +245,23 @@ class RouterLone:
 
     def call(self, data: bytes) -> tuple[float, bytes]:
         frame = self.frame(data)
-        inline = self.kem.stats.count("inline_calls")
+        inline = self.stats.count("inline_calls")
+        kits = self.stats.count("lone_kit_calls")
+        os.write(self.pipe_out, self.header.pack(len(frame)) + frame)
+        self._timed = [0.0, 0.0, 0.0]
         started = time.perf_counter()
-        self.router.handle_frame(frame)
-        elapsed = time.perf_counter() - started
-        if self.kem.stats.count("inline_calls") != inline + 1:
+        got = self.read_frame(self.pipe_in, 1 << 20)
+        read = time.perf_counter()
+        self.router.handle_frame(got)
+        done = time.perf_counter()
+        (submit, road, reply), self._timed = self._timed, None
+        parts = (read - started, done - read - submit, submit - road, road - reply, reply)
+        for stage, seconds in zip(ROUTER_STAGES, parts):
+            self.stages[stage].append(seconds)
+        elapsed = done - started
+        if self.stats.count("inline_calls") != inline + 1:
             raise SystemExit("the router did not run the call inline")
+        self.kit_calls += self.stats.count("lone_kit_calls") - kits
         # The reply went to /dev/null; the executor's own path is checked
         # against numpy by the other rows with the same inputs.
         return elapsed, (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
@@ -207,7 +288,8 @@ class AgainstLone:
         load = lambda name: importlib.import_module(f"kem_against.{name}")  # noqa: E731
         config, stats, executor, calls = load("config"), load("stats"), load("gpu.executor"), load("gpu.calls")
         self.calls = calls
-        self.executor = executor.Executor(config.Config(poll_spin_us=spin_us), stats.Stats())
+        self.stats = stats.Stats()
+        self.executor = executor.Executor(config.Config(poll_spin_us=spin_us), self.stats)
         self.executor.open()
         self.source = load("kernel_store").default_stores(None)[0].lookup("double")
         self.stages: dict[str, list[float]] = {}
@@ -268,13 +350,15 @@ def main() -> None:
     kem = KemLone(args.spin_us)
     bare = BareLone(kem)
     spins = [int(v) for v in args.spins.split(",") if v.strip()]
-    paths: dict = {"kem executor": kem, "bare native": bare}
+    paths: dict = {"kem executor (batch road)": kem, "lone kit": KitLone(kem), "bare native": bare}
     if spins:
         paths = {f"kem executor spin {v} us": (kem, v / 1e6) for v in spins} | {"bare native": bare}
     if args.router:
-        paths["port in-process (router)"] = RouterLone(kem)
+        paths["port in-process (router)"] = RouterLone(kem.executor, kem.stats)
     if args.against:
-        paths[f"executor at {args.against}"] = AgainstLone(args.against, args.spin_us)
+        against = paths[f"executor at {args.against}"] = AgainstLone(args.against, args.spin_us)
+        if args.router:
+            paths[f"port in-process at {args.against}"] = RouterLone(against.executor, against.stats, "kem_against")
     totals: dict[str, list[float]] = {name: [] for name in paths}
     rng = np.random.default_rng()
     watch = GcWatch()
@@ -305,9 +389,14 @@ def main() -> None:
         "kem_waits_blocked": kem.stats.count("gpu_waits_blocked") - blocked_before,
         "gc_collections_and_longest_us": watch.report(),  # over the whole measured run, all rows
     }
+    rows = []
     for name, path in paths.items():
         stages = {} if isinstance(path, tuple) else path.stages  # stage timers are shared when interleaving spins
-        print(json.dumps(summary(name, totals[name], stages, extra)), flush=True)
+        mine = extra | ({"kit_calls": path.kit_calls} if isinstance(path, RouterLone) else {})
+        rows.append(summary(name, totals[name], stages, mine))
+        print(json.dumps(rows[-1]), flush=True)
+    # One line a person reads: every row's p50 / p99 in µs.
+    print("# p50 / p99 us: " + "; ".join(f"{r['path']} {r['total_p50_us']:.0f} / {r['total_p99_us']:.0f}" for r in rows), flush=True)
 
 
 if __name__ == "__main__":

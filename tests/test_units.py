@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -199,3 +200,30 @@ def test_gathered_frames_wait_for_the_block_and_keep_their_order():
     assert frames[0] == b"first"
     assert terms.decode(frames[1])[1] == 7
     assert frames[2:] == [b"mapped", b"last"]
+
+
+@pytest.mark.parametrize("req_id", [0, 1, 255, 256, 2**31 - 1, 2**31, 2**32, 2**64 - 1, -1, -(2**31), -(2**31) - 1])
+def test_binary_reply_prefix_equals_library_encoding_at_the_integer_forms_edges(req_id):
+    """The ReqId's own encoding (SMALL_INTEGER_EXT, INTEGER_EXT, else
+    erlang-py) at each form's edges."""
+    payload = b"\x01\x02\x03"
+    fast = b"".join(bytes(p) for p in terms.ok_binary_reply(req_id, payload))
+    assert fast == terms.ok_reply(req_id, payload)
+
+
+@pytest.mark.parametrize("size", [0, 4, 64 * 1024, 64 * 1024 + 1, 300_000])
+def test_a_reply_written_alone_is_one_whole_frame_on_either_side_of_the_one_buffer_limit(size):
+    read_fd, write_fd = os.pipe()
+    payload = os.urandom(size)
+    writer = FrameWriter(write_fd)
+    received: list = []
+    reader = threading.Thread(target=lambda: received.extend(read_frame(read_fd, 1 << 20) for _ in range(2)))
+    reader.start()
+    try:
+        writer.write_result(77, memoryview(payload))
+        writer.write_result(2**40, payload)
+        reader.join(30)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert received == [terms.ok_reply(77, payload), terms.ok_reply(2**40, payload)]

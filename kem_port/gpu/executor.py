@@ -28,6 +28,7 @@ from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
 from kem_port.gpu.group_job import GroupJob
+from kem_port.gpu.lone_road import LoneRoad
 from kem_port.gpu.pipelines import Pipelines, gpu_message
 from kem_port.gpu.plan import BatchPreparer, Prepared
 from kem_port.kernel_store import KernelSource
@@ -49,15 +50,18 @@ class Executor:
         self.gpu = Device(config, stats)
         self.pipelines = Pipelines(stats)
         self.stages = Stages(self.gpu, self.pipelines, stats)
+        self.lone = LoneRoad(self.gpu, self.pipelines, stats)  # a lone call's kits (gpu/lone_road.py)
 
     # -- the device -------------------------------------------------------
 
     def open(self) -> None:
         self.pipelines.clear()
+        self.lone.clear()
         self.gpu.open()
 
     def rebuild(self) -> None:
         self.pipelines.clear()
+        self.lone.clear()
         self.gpu.rebuild()
 
     @property
@@ -127,6 +131,23 @@ class Executor:
         if previous is not None:
             self._deliver(previous)
         return flight
+
+    def run_lone(self, job: Job) -> bool:
+        """A call the reader runs alone, on its shape's kit (gpu/lone_road.py);
+        False (nothing done) when it must take the batch road (step). A
+        failure is answered by the batch road's rules: the caller's own
+        error, or a GPU failure (device loss rebuilds; the kits go too)."""
+        try:
+            return self.lone.run(job)
+        except KemError as exc:
+            job.refuse(exc)
+        except Exception as exc:
+            if isinstance(exc, wgpu.GPUError) or is_device_lost(exc):
+                self._gpu_failure([job], exc)
+            else:  # a bug, answered as gpu_loop answers one on the batch road
+                log.exception("lone call failed")
+                job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
+        return True
 
     def _land(self, flight: Flight | None) -> None:
         """Wait for a submitted batch and answer its callers."""
