@@ -16,7 +16,7 @@
 -module(kem_metrics).
 -behaviour(gen_server).
 
--export([start_link/0, call_done/4, port_started/1, port_exited/2,
+-export([start_link/0, call_done/4, port_started/1, port_exited/2, group_sent/2,
          text/0, families/0, snapshot/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
@@ -73,6 +73,12 @@ port_started(Name) -> bump({port_starts, Name}, 1).
 -spec port_exited(atom(), term()) -> ok.
 port_exited(Name, _Why) -> bump({port_exits, Name}, 1).
 
+%% @doc A port owner sent Calls calls as one group frame (kem_group).
+-spec group_sent(atom(), pos_integer()) -> ok.
+group_sent(Name, Calls) ->
+    bump({group_frames, Name}, 1),
+    bump({group_calls, Name}, Calls).
+
 %% @doc Every counter as `{Key, Value}', for tests and collectors.
 -spec snapshot() -> [{term(), integer()}].
 snapshot() ->
@@ -104,7 +110,11 @@ families() ->
      {<<"kem_port_starts_total">>, counter, <<"Python port processes started (restarts included)">>,
       Sum(fun({port_starts, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
      {<<"kem_port_exits_total">>, counter, <<"Python port processes that exited (crash, kill, timeout)">>,
-      Sum(fun({port_exits, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)}
+      Sum(fun({port_exits, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
+     {<<"kem_group_frames_total">>, counter, <<"Group frames sent to a port (calls of one kernel, hint and input size)">>,
+      Sum(fun({group_frames, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
+     {<<"kem_group_calls_total">>, counter, <<"Calls sent to a port inside group frames">>,
+      Sum(fun({group_calls, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)}
      | port_families() ++ kem_cluster_metrics:families()].
 
 histograms(Snap) ->

@@ -4,7 +4,10 @@
 %%% `{call, ReqId, Method, Args}', remembers `ReqId => caller' and answers
 %%% the caller when `{reply, ReqId, Result}' comes back, so any number of
 %%% processes call concurrently through one port and replies may arrive out
-%%% of order. docs/protocol.md is the wire contract.
+%%% of order. While callers queue, their calls are held and go out
+%%% together: calls of one kernel, hint and input size as one group frame,
+%%% the rest as one calls frame (kem_group). docs/protocol.md is the wire
+%%% contract.
 %%%
 %%% Failure handling, in one place:
 %%% - the port exits: every waiting caller gets `{error, {port_exited, S}}'
@@ -40,16 +43,23 @@
 %% reached the port, so it is safe to send again to the replacement.
 -define(RETRY, '$kem_port_retry').
 -define(RESENDS, 3).
-%% Calls frames (queue_call/3): measured in docs/protocol.md, "Batch frames".
--define(BATCH_CALLS, 64).
--define(BATCH_BYTES, 1048576).
--define(BATCH_ITEM_BYTES, 65536).
-%% The ETF heads of `{calls, [...]}' and `{replies, Index, Blob}', written
-%% and matched here byte for byte (kem_port/batch_frames.py writes the same).
--define(CALLS_HEAD, 131, 104, 2, 119, 5, "calls", 108).
+%% Held calls (queue_call/2, docs/protocol.md "Batch frames" and "Group
+%% frames"): sent once the mailbox is empty, ?HOLD_CALLS are held or
+%% ?HOLD_BYTES; a call frame over ?LONE_BYTES is never held. 64, not the
+%% 256 a group frame may hold: at 256 callers (lavapipe machine, 2 shared
+%% cores, alternating runs) a hold of 256 gained nothing: on the echo port
+%% group frames of 59-60 calls on average either way (the mailbox empties
+%% first), 119-165k calls/s against 115-136k; on kem 15.3k/16.3k against
+%% 16.3k/22.3k with 64 (docs/benchmarks.md, "Group frames, from Erlang").
+%% 64 keeps calls frames as they were (the port's batch, KEM_MAX_BATCH).
+-define(HOLD_CALLS, 64).
+-define(HOLD_BYTES, 1048576).
+-define(LONE_BYTES, 65536).
+%% The ETF head of `{replies, Index, Blob}', matched here byte for byte
+%% (kem_port/batch_frames.py writes the same; kem_group writes the heads of
+%% the frames the node sends).
 -define(REPLIES_HEAD, 131, 104, 3, 119, 7, "replies", 109).
 -define(BINARY_EXT, 109).
--define(NIL_EXT, 106).
 
 -type reason() :: {atom(), term()}.
 -export_type([reason/0]).
@@ -265,14 +275,14 @@ open_port_process(ShmDir, Env) ->
 handle_call({call, Method, Args, Timeout}, From, State)
         when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     #{next := Id, pending := Pending} = State,
-    Frame = term_to_binary(request(Id, Method, Args, Timeout)),
+    Held = kem_group:held(Id, Method, Args, Timeout),
     TRef = case Timeout of
         infinity -> undefined;
         _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
     end,
     Shape = kem_warm:shape(Method, Args),
     Queued = State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}},
-    settle(queue_call(Id, Frame, Queued));
+    settle(queue_call(Held, Queued));
 handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
     {reply, OsPid, State};
 handle_call(_Bad, _From, State) ->
@@ -361,8 +371,9 @@ port_output_closed(State = #{port := Port, os_pid := OsPid}) ->
 
 terminate(Reason, State = #{pending := Pending, index := Index, out := Held}) ->
     restarting(Index, true),
-    %% Calls held for a calls frame never reached the port: sent again.
-    Unsent = [Id || {Id, _Frame} <- Held],
+    %% Held calls (for a calls or group frame) never reached the port:
+    %% sent again.
+    Unsent = [Id || {Id, _Item} <- Held],
     [gen_server:reply(From, ?RETRY) || {From, _, _, _} <- maps:values(maps:with(Unsent, Pending))],
     [gen_server:reply(From, pending_answer(Reason, Method))
      || {From, _, Method, _} <- maps:values(maps:without(Unsent, Pending))],
@@ -394,20 +405,24 @@ retry_unsent() ->
 
 %%% internals
 
-%% Calls frames (docs/protocol.md, "Batch frames"): while more messages
-%% wait in the owner's mailbox a call is held, and the held calls go out as
-%% one `{calls, [Frame]}' frame when the mailbox is empty, ?BATCH_CALLS are
-%% held or ?BATCH_BYTES; a lone caller's call finds the mailbox empty and
-%% goes out at once, as its own frame. A call over ?BATCH_ITEM_BYTES goes
-%% alone, after what is held (order kept).
-queue_call(_Id, Frame, State) when byte_size(Frame) > ?BATCH_ITEM_BYTES ->
+%% Calls held (docs/protocol.md, "Batch frames", "Group frames"): while
+%% more messages wait in the owner's mailbox a call is held, and the held
+%% calls go out when the mailbox is empty, ?HOLD_CALLS are held or
+%% ?HOLD_BYTES: calls of one kernel, hint and input size as group frames,
+%% the rest as one calls frame (kem_group); a lone caller's call finds the
+%% mailbox empty and goes out at once, as its own frame. A call whose frame
+%% is over ?LONE_BYTES goes alone, after what is held. Each caller has one
+%% call here at most (kem_port:call/4 waits for its reply), so the order in
+%% which held frames go out cannot reorder one caller's calls.
+queue_call({_Id, Frame}, State) when is_binary(Frame), byte_size(Frame) > ?LONE_BYTES ->
     case flush(State) of
         {ok, Flushed} -> send(Frame, Flushed);
         Closed -> Closed
     end;
-queue_call(Id, Frame, State = #{out := Held, out_bytes := Bytes}) ->
-    Queued = State#{out := [{Id, Frame} | Held], out_bytes := Bytes + byte_size(Frame)},
-    case length(Held) + 1 >= ?BATCH_CALLS orelse Bytes + byte_size(Frame) >= ?BATCH_BYTES of
+queue_call(Call = {_Id, Item}, State = #{out := Held, out_bytes := Bytes}) ->
+    NewBytes = Bytes + kem_group:held_bytes(Item),
+    Queued = State#{out := [Call | Held], out_bytes := NewBytes},
+    case length(Held) + 1 >= ?HOLD_CALLS orelse NewBytes >= ?HOLD_BYTES of
         true -> flush(Queued);
         false -> {ok, Queued}
     end.
@@ -429,22 +444,28 @@ settle({closed, State}) ->
 
 flush(State = #{out := []}) ->
     {ok, State};
-flush(State = #{out := [{_Id, Frame}]}) ->
-    send(Frame, State#{out := [], out_bytes := 0}, State);
 flush(State = #{out := Held}) ->
-    Items = lists:foldl(fun({_Id, Frame}, Acc) -> [[<<?BINARY_EXT, (byte_size(Frame)):32>>, Frame] | Acc] end,
-                        [], Held),
-    send([<<?CALLS_HEAD, (length(Held)):32>>, Items, <<?NIL_EXT>>], State#{out := [], out_bytes := 0}, State).
+    send_units(kem_group:frames(lists:reverse(Held)), State#{out := [], out_bytes := 0}).
 
-send(Frame, State) ->
-    send(Frame, State, State).
-
-%% Sent: {ok, Sent}; the port is closed: {closed, Held} (with what it held).
-send(Frame, Sent, Held = #{port := Port}) ->
+%% Each frame in turn; if the port is closed, the calls of the frames not
+%% sent are held again (terminate/2 has them sent to the replacement).
+send_units([], State) ->
+    {ok, State};
+send_units(Units = [{Kind, Calls, Frame} | Rest], State = #{port := Port}) ->
     try port_command(Port, Frame) of
-        true -> {ok, Sent}
+        true ->
+            Kind =:= group andalso kem_metrics:group_sent(maps:get(name, State), length(Calls)),
+            send_units(Rest, State)
     catch
-        error:badarg -> {closed, Held}
+        error:badarg -> {closed, State#{out := lists:append([C || {_, C, _} <- Units])}}
+    end.
+
+%% Sent: {ok, State}; the port is closed: {closed, State}.
+send(Frame, State = #{port := Port}) ->
+    try port_command(Port, Frame) of
+        true -> {ok, State}
+    catch
+        error:badarg -> {closed, State}
     end.
 
 %% {ReqId, {ok, Result}} for each entry of a replies frame's index; bad if
@@ -487,11 +508,6 @@ decode(Frame) ->
     try binary_to_term(Frame)
     catch error:badarg -> {bad_frame, Frame}
     end.
-
-%% The call's timeout travels with it: the port answers `timeout' itself
-%% when it passes while the call is queued or fetching (docs/protocol.md).
-request(Id, Method, Args, infinity) -> {call, Id, Method, Args};
-request(Id, Method, Args, Timeout) -> {call, Id, Method, Args, max(1, Timeout)}.
 
 %% @private Called by kem_timeout once it knows the GPU is stuck in call Id.
 -spec maybe_kill(map(), integer()) -> {noreply, map()} | {stop, term(), map()}.

@@ -5,7 +5,9 @@
 %%%
 %%% To be sure several calls share one frame, the owner is suspended
 %%% (sys:suspend/1) while the callers queue in its mailbox, then resumed:
-%%% it reads them back to back and sends them as one calls frame.
+%%% it reads them back to back and sends them as one calls frame, or as one
+%%% group frame where they share kernel, hint and input size (kem_group;
+%%% kem_group_tests has the groups' own tests). A "frame" here is either.
 -module(kem_batch_tests).
 -include_lib("eunit/include/eunit.hrl").
 
@@ -25,9 +27,10 @@ stop(Apps) -> kem_test_app:stop(Apps).
 
 now_ms() -> erlang:monotonic_time(millisecond).
 
+%% Frames of many calls the port has read: calls frames and group frames.
 calls_frames() ->
     {ok, #{kem_port_1 := Stats}} = kem:stats(),
-    maps:get(calls_frames, Stats, 0).
+    maps:get(calls_frames, Stats, 0) + maps:get(group_frames, Stats, 0).
 
 double(Input) -> kem_port:call(kem_port_1, execute_kernel, {?DOUBLE, Input, 1}, 30000).
 
@@ -77,7 +80,9 @@ wait_queued(Owner, N, Deadline) ->
     end.
 
 bad_calls_in_a_calls_frame_answer_only_their_callers() ->
-    Inputs = [crypto:strong_rand_bytes(4 * rand:uniform(300)) || _ <- lists:seq(1, 6)],
+    %% Six sizes, all different: no two good calls form a group.
+    Sizes = lists:sublist([S || {_, S} <- lists:sort([{rand:uniform(), S} || S <- lists:seq(1, 300)])], 6),
+    Inputs = [crypto:strong_rand_bytes(4 * S) || S <- Sizes],
     Good = [fun() -> double(I) end || I <- Inputs],
     Bad = [fun() -> kem_port:call(kem_port_1, execute_kernel, {<<"no_such_kernel">>, <<1, 2, 3, 4>>, 1}, 30000) end,
            %% An integer wider than 8 bytes: refused by the port's frame

@@ -23,7 +23,8 @@ run(Mode, OutFile) ->
     {ok, Before} = kem:stats(),
     Small = latencies(fun() -> KemCall(?SMALL) end, maps:get(small_calls, P)),
     EchoSmall = latencies(fun() -> EchoCall(?SMALL) end, maps:get(small_calls, P)),
-    Rates = [{C, rate(KemCall, C, maps:get(seconds, P))} || C <- [1, 8, 64]],
+    {Rates, Groups} = lists:unzip([{{C, R}, {C, G}} || C <- [1, 8, 64],
+                                                   {R, G} <- [grouped(fun() -> rate(KemCall, C, maps:get(seconds, P)) end)]]),
     EchoRates = [{C, rate(EchoCall, C, maps:get(seconds, P))} || C <- [1, 8, 64]],
     Sizes = [S || S <- maps:get(bulk_mb, P), S bsl 20 =< Limit],
     Bulk = [{S, bulk(KemCall, S, maps:get(bulk_reps, P))} || S <- Sizes],
@@ -44,7 +45,7 @@ run(Mode, OutFile) ->
         adapter_type => maps:get(<<"adapter_type">>, Info),
         small_p50_us => pct(Small, 50), small_p99_us => pct(Small, 99),
         echo_small_p50_us => pct(EchoSmall, 50), echo_small_p99_us => pct(EchoSmall, 99),
-        calls_per_s => by_key(Rates), echo_calls_per_s => by_key(EchoRates),
+        calls_per_s => by_key(Rates), echo_calls_per_s => by_key(EchoRates), groups => by_key(Groups),
         seed_design_calls_per_s => SeedRate,
         seed_design_median_ms => maps:get(<<"median_ms">>, Seed),
         bulk_gbps => by_key(Bulk), bulk_pipe_gbps => by_key(BulkPipe), echo_bulk_gbps => by_key(EchoBulk),
@@ -123,6 +124,18 @@ ratio(Key, A, B) ->
 
 by_key(Pairs) -> maps:from_list([{integer_to_binary(K), V} || {K, V} <- Pairs]).
 
+%% Fun's result, and how many kernel calls the node sent inside group
+%% frames while it ran (kem_group), of how many kem counted (kem_metrics).
+grouped(Fun) ->
+    Before = kem_metrics:snapshot(),
+    Result = Fun(),
+    After = kem_metrics:snapshot(),
+    Delta = fun(Tag) -> counted(Tag, After) - counted(Tag, Before) end,
+    {Result, #{group_calls => Delta(group_calls), group_frames => Delta(group_frames),
+               calls => Delta(calls), share => Delta(group_calls) / max(1, Delta(calls))}}.
+
+counted(Tag, Snap) -> lists:sum([V || {{T, _}, V} <- Snap, T =:= Tag]).
+
 delta(#{kem_port_1 := B}, #{kem_port_1 := A}) ->
     maps:from_list([{K, V - maps:get(K, B, 0)} || {K, V} <- maps:to_list(A), is_integer(V)]);
 delta(_, _) -> #{}.
@@ -150,7 +163,7 @@ coalesced_row(Kernel, Callers, Words, Seconds) ->
     Call = fun(_) -> {ok, Want} = kem:call(execute_kernel, {Kernel, Input, 1}, 60000) end,
     [Call(x) || _ <- lists:seq(1, 20)],  % warm: compile, pool
     {ok, Before} = kem:stats(),
-    Rate = rate(Call, Callers, Seconds),
+    {Rate, #{share := GroupShare}} = grouped(fun() -> rate(Call, Callers, Seconds) end),
     {ok, After} = kem:stats(),
     Count = fun(Key) -> summed(Key, After) - summed(Key, Before) end,
     Batches = Count(batches),
@@ -160,7 +173,8 @@ coalesced_row(Kernel, Callers, Words, Seconds) ->
     end,
     #{kernel => Kernel, callers => Callers, words => Words, calls_per_s => Rate, items_per_s => Rate * Words,
       calls_per_dispatch => Count(batched_calls) / max(1, Dispatches),
-      calls_per_batch => Count(batched_calls) / max(1, Batches), dispatches => Dispatches}.
+      calls_per_batch => Count(batched_calls) / max(1, Batches), dispatches => Dispatches,
+      group_share => GroupShare}.
 
 %% Each 32-bit little-endian word doubled (mod 2^32), as both kernels do.
 doubled_words(Bin) ->
@@ -172,10 +186,11 @@ summed(Key, StatsByPort) ->
 
 print_coalesced(Rows) ->
     io:format("  items/s through one coalesced dispatch (double_table vs plain double, same run):~n"),
-    [io:format("    ~-12s ~3b callers x ~4b items: ~12.1f items/s  ~9.1f calls/s  ~6.1f calls/dispatch  ~6.1f calls/batch~n",
-               [K, C, W, I * 1.0, R * 1.0, D * 1.0, B * 1.0])
+    [io:format("    ~-12s ~3b callers x ~4b items: ~12.1f items/s  ~9.1f calls/s  ~6.1f calls/dispatch  ~6.1f calls/batch"
+               "  ~5.1f% in groups~n",
+               [K, C, W, I * 1.0, R * 1.0, D * 1.0, B * 1.0, G * 100])
      || #{kernel := K, callers := C, words := W, items_per_s := I, calls_per_s := R,
-          calls_per_dispatch := D, calls_per_batch := B} <- Rows],
+          calls_per_dispatch := D, calls_per_batch := B, group_share := G} <- Rows],
     ok.
 
 print(R, Sizes) ->
@@ -185,8 +200,10 @@ print(R, Sizes) ->
     io:format("  small call (double, 4 B), one caller:  p50 ~p us  p99 ~p us   | echo p50 ~p us  p99 ~p us~n",
               [maps:get(small_p50_us, R), maps:get(small_p99_us, R),
                maps:get(echo_small_p50_us, R), maps:get(echo_small_p99_us, R)]),
-    [io:format("  ~2b callers: ~9.1f calls/s                  | echo ~9.1f calls/s~n",
-               [N, maps:get(integer_to_binary(N), C) * 1.0, maps:get(integer_to_binary(N), EC) * 1.0]) || N <- [1, 8, 64]],
+    [io:format("  ~2b callers: ~9.1f calls/s  (~5.1f% in groups) | echo ~9.1f calls/s~n",
+               [N, maps:get(integer_to_binary(N), C) * 1.0,
+                maps:get(share, maps:get(integer_to_binary(N), maps:get(groups, R))) * 100,
+                maps:get(integer_to_binary(N), EC) * 1.0]) || N <- [1, 8, 64]],
     io:format("  original per-call design: ~.1f calls/s (median ~.1f ms)~n",
               [maps:get(seed_design_calls_per_s, R) * 1.0, maps:get(seed_design_median_ms, R) * 1.0]),
     [io:format("  bulk ~3b MB: ~6.3f GB/s of payload (pipe alone ~6.3f) | echo ~6.3f GB/s~n",

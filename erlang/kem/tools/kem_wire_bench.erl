@@ -24,10 +24,10 @@ port(Name, Call, OsPid, Seconds) ->
     {P50, P99} = latency(Call, 2000),
     One = rate(Call, 1, Seconds),
     {Many, Cpu} = with_cpu(OsPid, fun() -> rate(Call, 64, Seconds) end),
-    #{all := All, reader := Reader, vm := Vm} = per_call(Cpu, Many * Seconds),
-    ok = io:format("~s: lone call p50 ~b us p99 ~b us | 1 caller ~b calls/s | 64 callers ~b calls/s | "
-              "CPU per call at 64: port ~.1f us (reader ~.1f us), Erlang VM ~.1f us~n",
-              [Name, P50, P99, round(One), round(Many), All, Reader, Vm]).
+    #{all := All, reader := Reader, vm := Vm, groups := Groups} = per_call(Cpu, Many * Seconds),
+    ok = io:format("~s: lone call p50 ~b us p99 ~b us | 1 caller ~b calls/s | 64 callers ~b calls/s "
+              "(~.1f% in group frames) | CPU per call at 64: port ~.1f us (reader ~.1f us), Erlang VM ~.1f us~n",
+              [Name, P50, P99, round(One), round(Many), Groups * 100, All, Reader, Vm]).
 
 latency(Call, N) ->
     [Call() || _ <- lists:seq(1, 100)],
@@ -39,15 +39,20 @@ rate(Call, Callers, Seconds) ->
     kem_bench:rate(fun(_Small) -> Call() end, Callers, Seconds).
 
 with_cpu(OsPid, Fun) ->
-    Before = {threads(OsPid), vm_ms()},
+    Before = {threads(OsPid), vm_ms(), group_calls()},
     Result = Fun(),
-    {Result, {Before, {threads(OsPid), vm_ms()}, OsPid}}.
+    {Result, {Before, {threads(OsPid), vm_ms(), group_calls()}, OsPid}}.
 
-per_call({{T0, V0}, {T1, V1}, OsPid}, Calls) ->
+per_call({{T0, V0, G0}, {T1, V1, G1}, OsPid}, Calls) ->
     Ticks = fun(M) -> lists:sum(maps:values(M)) end,
     Main = fun(M) -> maps:get(OsPid, M, 0) end,
     Us = fun(TicksSpent) -> TicksSpent * 10000 / Calls end,  % 100 ticks a second
-    #{all => Us(Ticks(T1) - Ticks(T0)), reader => Us(Main(T1) - Main(T0)), vm => (V1 - V0) * 1000 / Calls}.
+    #{all => Us(Ticks(T1) - Ticks(T0)), reader => Us(Main(T1) - Main(T0)), vm => (V1 - V0) * 1000 / Calls,
+      groups => (G1 - G0) / Calls}.
+
+%% Calls every port owner has sent inside group frames (kem_metrics).
+group_calls() ->
+    lists:sum([N || {{group_calls, _Owner}, N} <- kem_metrics:snapshot()]).
 
 %% CPU ticks (user + system) of each thread of OsPid; the main thread's id
 %% is the process id (the port's reader thread).
