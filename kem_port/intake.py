@@ -225,6 +225,11 @@ class Intake:
 
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
                  deadline: Deadline, may_inline: bool = False) -> None:
+        if may_inline and self._held is None and not call.debug:
+            if self._run_lone(req_id, call, source, release, deadline):
+                return
+            may_inline = False  # weighed in _run_lone: it queues
+
         def answer(view: memoryview) -> None:
             release()
             self.reply(req_id, call, view)
@@ -247,25 +252,52 @@ class Intake:
         if may_inline and self._held is not None:
             self._held.append(job)  # on the reader, in together(): queued at its end
             return
-        if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
-            self.stats.inc("inline_calls")
-            return
         try:
             self.loop.put(job)
         except QueueFull:
             self.stats.inc("overloaded")
             raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
 
-    def _may_run_inline(self, job: Job) -> bool:
+    def _run_lone(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
+                  deadline: Deadline) -> bool:
+        """A lone call run inline on the reader, its job made only once it
+        may run (no closures or job built for a call that queues). True
+        when it ran and was answered; False when it must queue (_enqueue
+        then builds the queued job as before). Its answer is written before
+        its budget share is given back: the caller's wait ends at the write
+        (the reader takes no other frame until this returns, so nobody sees
+        the share held a moment longer); a queued job keeps the order
+        release-then-reply, as the GPU thread answers it while the reader
+        may be taking the caller's next call."""
+        if not self._may_run_inline(call, source):
+            return False
+        reply, fail = self.reply, self.fail
+
+        def answer(view: memoryview) -> None:
+            try:
+                reply(req_id, call, view)
+            finally:
+                release()
+
+        def refuse(error: KemError) -> None:
+            release()
+            log_frames.kernel_failed(call.kernel_id, error)
+            fail(req_id, error)
+
+        if not self.loop.run_inline(Job(call, source, answer, refuse, tag=req_id, deadline=deadline.at)):
+            return False
+        self.stats.count_on_reader("inline_calls")
+        return True
+
+    def _may_run_inline(self, call: KernelCall, source: KernelSource) -> bool:
         """Only calls that cannot hold the reader long: small, no explicit
         workgroup count, no shared-memory result, kernel already compiled,
         and no other frame waiting in the pipe."""
-        call = job.call
         return not (
             call.batch_bytes > SMALL_CALL
             or call.workgroups is not None
             or call.output_path is not None
-            or not self.executor.is_warm(job.source, call)
+            or not self.executor.is_warm(source, call)
             or self.input_waiting()
         )
 
