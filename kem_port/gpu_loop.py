@@ -103,7 +103,10 @@ class GpuLoop:
         if not self._executor_lock.acquire(blocking=False):
             return False
         try:
-            if not self.queue.empty():
+            # _qsize without the queue's mutex (empty() takes it): a deque's
+            # length is read in one step under the GIL, and a put racing
+            # this check lands before or after it either way.
+            if self.queue._qsize():
                 return False
             if self.executor.run_lone(job):  # its kit (gpu/lone_road.py): one reply, written at once
                 return True

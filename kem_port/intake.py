@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, NamedTuple
 
 from kem_port import debug_calls, log_frames
@@ -118,7 +119,9 @@ class Intake:
         except KemError:
             self.stats.inc("overloaded")
             raise
-        release = Once(lambda: self.budget.give(size))
+        # partial, not a lambda: one Python frame fewer when it runs, after
+        # the GPU wait, where every frame is a cold one (docs/benchmarks.md).
+        release = Once(partial(self.budget.give, size))
         try:
             self._route(req_id, call, release, Deadline(deadline, timeout_s))
         except BaseException:

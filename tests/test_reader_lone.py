@@ -162,3 +162,14 @@ def test_reader_counters_lose_nothing_beside_locked_ones():
         worker.join()
     assert stats.count("calls") == 200_000
     assert stats.snapshot()["calls"] == 200_000
+
+
+@pytest.mark.parametrize("size", [0, 4, 1000, 64 * 1024])
+def test_a_lone_reply_frame_is_the_library_encoding(rng, size):
+    """terms.ok_binary_frame: the frame length and erlang-py's encoding of
+    {reply, ReqId, {ok, Payload}}, for ReqIds of every form."""
+    payload = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    for req_id in (0, 255, 256, 2**31 - 1, 2**31, 2**40, int(rng.integers(0, 2**62))):
+        framed = terms.ok_binary_frame(req_id, memoryview(payload))
+        want = terms.encode((terms.atom("reply"), req_id, (terms.atom("ok"), terms.Binary(payload))))
+        assert framed == HEADER.pack(len(want)) + want
