@@ -296,8 +296,9 @@ class Intake:
         """Only calls that cannot hold the reader long: small, no explicit
         workgroup count, no shared-memory result, kernel already compiled,
         and no other frame waiting in the pipe."""
-        return not (
-            call.batch_bytes > SMALL_CALL
+        return not (  # the sizes read here, not through batch_bytes: one Python call fewer
+            len(call.input) > SMALL_CALL
+            or call.output_size > SMALL_CALL
             or call.workgroups is not None
             or call.output_path is not None
             or not self.executor.is_warm(source, call)
