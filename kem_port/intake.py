@@ -9,7 +9,7 @@
    lookup; a new one waits for the sacrificial compile on an admission
    thread, never on the reader or the GPU thread.
 4. **Enqueue** on the GPU loop, or a lone small call run inline
-   (gpu_loop.py says why); a full queue is ``overloaded`` at once.
+   (inline_call.py; gpu_loop.py says why); a full queue is ``overloaded`` at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.group_calls import group_job
 from kem_port.group_frames import Group
-from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
+from kem_port.gpu_loop import GpuLoop, QueueFull
+from kem_port.inline_call import may_run_inline, run_lone
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
 
@@ -119,9 +120,7 @@ class Intake:
         except KemError:
             self.stats.inc("overloaded")
             raise
-        # partial, not a lambda: one Python frame fewer when it runs, after
-        # the GPU wait, where every frame is a cold one (docs/benchmarks.md).
-        release = Once(partial(self.budget.give, size))
+        release = Once(partial(self.budget.give, size))  # no lambda: one cold frame fewer (docs/benchmarks.md)
         try:
             self._route(req_id, call, release, Deadline(deadline, timeout_s))
         except BaseException:
@@ -229,9 +228,10 @@ class Intake:
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
                  deadline: Deadline, may_inline: bool = False) -> None:
         if may_inline and self._held is None and not call.debug:
-            if self._run_lone(req_id, call, source, release, deadline):
+            if may_run_inline(call, source, self.executor, self.input_waiting) and run_lone(
+                    self.loop, self.stats, self.reply, self.fail, req_id, call, source, release, deadline.at):
                 return
-            may_inline = False  # weighed in _run_lone: it queues
+            may_inline = False  # weighed here: it queues
 
         def answer(view: memoryview) -> None:
             release()
@@ -260,50 +260,6 @@ class Intake:
         except QueueFull:
             self.stats.inc("overloaded")
             raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
-
-    def _run_lone(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
-                  deadline: Deadline) -> bool:
-        """A lone call run inline on the reader, its job made only once it
-        may run (no closures or job built for a call that queues). True
-        when it ran and was answered; False when it must queue (_enqueue
-        then builds the queued job as before). Its answer is written before
-        its budget share is given back: the caller's wait ends at the write
-        (the reader takes no other frame until this returns, so nobody sees
-        the share held a moment longer); a queued job keeps the order
-        release-then-reply, as the GPU thread answers it while the reader
-        may be taking the caller's next call."""
-        if not self._may_run_inline(call, source):
-            return False
-        reply, fail = self.reply, self.fail
-
-        def answer(view: memoryview) -> None:
-            try:
-                reply(req_id, call, view)
-            finally:
-                release()
-
-        def refuse(error: KemError) -> None:
-            release()
-            log_frames.kernel_failed(call.kernel_id, error)
-            fail(req_id, error)
-
-        if not self.loop.run_inline(Job(call, source, answer, refuse, tag=req_id, deadline=deadline.at)):
-            return False
-        self.stats.count_on_reader("inline_calls")
-        return True
-
-    def _may_run_inline(self, call: KernelCall, source: KernelSource) -> bool:
-        """Only calls that cannot hold the reader long: small, no explicit
-        workgroup count, no shared-memory result, kernel already compiled,
-        and no other frame waiting in the pipe."""
-        return not (  # the sizes read here, not through batch_bytes: one Python call fewer
-            len(call.input) > SMALL_CALL
-            or call.output_size > SMALL_CALL
-            or call.workgroups is not None
-            or call.output_path is not None
-            or not self.executor.is_warm(source, call)
-            or self.input_waiting()
-        )
 
     def describe(self) -> dict:
         return self.budget.describe() | (self.guard.describe() if self.guard is not None else {})

@@ -1,4 +1,4 @@
-"""The reader's lone road (intake.Intake._run_lone) in-process: a real
+"""The reader's lone road (inline_call.py, from intake.py) in-process: a real
 Router on the real adapter, fed execute_kernel frames through a pipe as the
 port reads them, its replies read back off another pipe. A lone call runs
 inline and is answered with numpy's values; its budget share comes back
@@ -74,6 +74,14 @@ def reader():
     return found
 
 
+def _gpu_thread_idle(reader: Reader) -> None:
+    """Wait until the GPU thread has left its last batch (it holds the
+    executor's lock a moment after its reply is written)."""
+    loop, deadline = reader.router.loop, time.monotonic() + 10
+    while (loop._executor_lock.locked() or loop.queue.qsize()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _ok_value(reply: tuple, req_id: int) -> bytes:
     tag, got_id, (ok, value) = reply
     assert (tag, got_id, ok) == (terms.atom("reply"), req_id, terms.atom("ok")), reply
@@ -82,6 +90,7 @@ def _ok_value(reply: tuple, req_id: int) -> bytes:
 
 @pytest.mark.parametrize("words", [1, 5, 64, 4000])
 def test_a_lone_call_runs_inline_and_answers_numpys_values(reader, rng, words):
+    _gpu_thread_idle(reader)
     inline, calls = reader.stats.count("inline_calls"), reader.stats.count("calls")
     for _ in range(3):
         data = rng.integers(0, 2**32, words, dtype=np.uint32)
