@@ -103,7 +103,11 @@ class GpuLoop:
         if not self._executor_lock.acquire(blocking=False):
             return False
         try:
-            if not self.queue.empty():
+            # The queue's deque read without its mutex (empty() takes it, in
+            # two Python calls): its length is read in one step under the
+            # GIL, and a put racing this check lands before or after it
+            # either way.
+            if self.queue.queue:
                 return False
             if self.executor.run_lone(job):  # its kit (gpu/lone_road.py): one reply, written at once
                 return True

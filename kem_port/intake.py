@@ -9,7 +9,7 @@
    lookup; a new one waits for the sacrificial compile on an admission
    thread, never on the reader or the GPU thread.
 4. **Enqueue** on the GPU loop, or a lone small call run inline
-   (gpu_loop.py says why); a full queue is ``overloaded`` at once.
+   (inline_call.py; gpu_loop.py says why); a full queue is ``overloaded`` at once.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, NamedTuple
 
 from kem_port import debug_calls, log_frames
@@ -33,7 +34,8 @@ from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.group_calls import group_job
 from kem_port.group_frames import Group
-from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
+from kem_port.gpu_loop import GpuLoop, QueueFull
+from kem_port.inline_call import may_run_inline, run_lone
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
 
@@ -118,7 +120,7 @@ class Intake:
         except KemError:
             self.stats.inc("overloaded")
             raise
-        release = Once(lambda: self.budget.give(size))
+        release = Once(partial(self.budget.give, size))  # no lambda: one cold frame fewer (docs/benchmarks.md)
         try:
             self._route(req_id, call, release, Deadline(deadline, timeout_s))
         except BaseException:
@@ -225,6 +227,12 @@ class Intake:
 
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
                  deadline: Deadline, may_inline: bool = False) -> None:
+        if may_inline and self._held is None and not call.debug:
+            if may_run_inline(call, source, self.executor, self.input_waiting) and run_lone(
+                    self.loop, self.stats, self.reply, self.fail, req_id, call, source, release, deadline.at):
+                return
+            may_inline = False  # weighed here: it queues
+
         def answer(view: memoryview) -> None:
             release()
             self.reply(req_id, call, view)
@@ -247,27 +255,11 @@ class Intake:
         if may_inline and self._held is not None:
             self._held.append(job)  # on the reader, in together(): queued at its end
             return
-        if may_inline and self._may_run_inline(job) and self.loop.run_inline(job):
-            self.stats.inc("inline_calls")
-            return
         try:
             self.loop.put(job)
         except QueueFull:
             self.stats.inc("overloaded")
             raise KemError("overloaded", f"{self.config.queue_limit} calls are already queued on this port") from None
-
-    def _may_run_inline(self, job: Job) -> bool:
-        """Only calls that cannot hold the reader long: small, no explicit
-        workgroup count, no shared-memory result, kernel already compiled,
-        and no other frame waiting in the pipe."""
-        call = job.call
-        return not (
-            call.batch_bytes > SMALL_CALL
-            or call.workgroups is not None
-            or call.output_path is not None
-            or not self.executor.is_warm(job.source, call)
-            or self.input_waiting()
-        )
 
     def describe(self) -> dict:
         return self.budget.describe() | (self.guard.describe() if self.guard is not None else {})

@@ -65,10 +65,12 @@ class DirectoryStore:
             mtime = os.stat(path).st_mtime_ns
         except OSError:
             return None
-        with self._lock:
-            hit = self._cache.get(kernel_id)
-            if hit is not None and hit[0] == mtime:
-                return hit[1]
+        # No lock to read: a dict get is one step under the GIL and writers
+        # store whole (mtime, source) tuples (a lock here was ~0.3 us of
+        # every call, on the reader).
+        hit = self._cache.get(kernel_id)
+        if hit is not None and hit[0] == mtime:
+            return hit[1]
         try:
             with open(path, "rb") as fh:
                 data = fh.read()

@@ -108,7 +108,7 @@ class Router:
         calls = split_calls(frame) if is_calls_frame(frame) else None
         if calls is None:
             if self._handle_request(frame):
-                self.stats.inc("calls")
+                self.stats.count_on_reader("calls")
             return
         self.writer.replies_frames = True
         self.stats.inc("calls_frames")
