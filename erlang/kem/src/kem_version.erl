@@ -1,5 +1,5 @@
 %%% @doc The two halves check each other at every port start: the port
-%%% answers `version' with `#{package => <<"0.2.0">>, protocol => 3}'; the
+%%% answers `version' with `#{package => <<"0.2.0">>, protocol => 4}'; the
 %%% protocol must be the one this app speaks and the package must have this
 %%% app's major.minor version (a patch release of either half may differ).
 %%% A port from before the handshake (kem_port < 0.2.0) answers
