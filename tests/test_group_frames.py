@@ -308,3 +308,23 @@ def test_device_loss_fails_a_group_then_groups_run_again(rng):
         for x, fut in zip(inputs, client.call_group_async(b"double", [x.tobytes() for x in inputs])):
             assert np.array_equal(np.frombuffer(fut.result(60), dtype=np.uint32), x * np.uint32(2))
         assert client.call_plain("stats")["device_rebuilds"] == 1
+
+
+@pytest.mark.parametrize("spelling", ["node", "term_to_binary"])
+def test_a_group_of_no_calls_is_answered_undefined(port, spelling):
+    """Entries of zero bytes name no caller: the frame is still answered,
+    once, to ReqId undefined (bad_request), not dropped in silence."""
+    if spelling == "node":
+        frame = group_frames.encode_group(b"double", 1, [], [])
+    else:
+        frame = _group_term_frame(terms.Binary(b"double"), 1, terms.Binary(b""), terms.Binary(bytes(4)))
+    before = len(port.unmatched)
+    port.send_raw(frame)
+    assert terms.atom_name(port.call("ping")) == "pong"
+    deadline = time.monotonic() + 10
+    while len(port.unmatched) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = port.unmatched[before:]
+    assert len(refused) == 1, "a group of no calls was not answered once"
+    _, req_id, (status, (reason, _)) = refused[0]
+    assert req_id is None and terms.atom_name(status) == "error" and terms.atom_name(reason) == "bad_request"
