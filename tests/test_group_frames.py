@@ -328,3 +328,17 @@ def test_a_group_of_no_calls_is_answered_undefined(port, spelling):
     assert len(refused) == 1, "a group of no calls was not answered once"
     _, req_id, (status, (reason, _)) = refused[0]
     assert req_id is None and terms.atom_name(status) == "error" and terms.atom_name(reason) == "bad_request"
+
+
+def test_an_oversized_group_of_no_calls_is_answered_undefined():
+    """A group frame over the size limit whose Entries name no caller is
+    still answered once (too_large, to ReqId undefined); the port goes on."""
+    with start_port(KEM_MAX_INPUT_BYTES=str(16 << 10)) as client:
+        client.send_raw(group_frames.encode_group(b"double", 1, [], [bytes(3 << 20)]))
+        assert terms.atom_name(client.call("ping")) == "pong"
+        deadline = time.monotonic() + 10
+        while not client.unmatched and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(client.unmatched) == 1, "an oversized group of no calls was not answered once"
+        _, req_id, (status, (reason, _)) = client.unmatched[0]
+        assert req_id is None and terms.atom_name(status) == "error" and terms.atom_name(reason) == "too_large"
