@@ -95,7 +95,12 @@ class Intake:
         each kernel's source is looked up once (a stat per call cost ~10%
         of the reader's time at 64 callers), none runs inline, and their
         jobs reach the GPU queue in one hand-off, so the GPU thread wakes
-        once and takes them as one batch."""
+        once and takes them as one batch. Re-entered (a group frame as an
+        item of a calls frame, router._submit_group), it joins the outer
+        one: starting afresh would drop the jobs the outer one holds."""
+        if self._held is not None:
+            yield
+            return
         self._sources, self._held = {}, []
         try:
             yield

@@ -121,6 +121,9 @@ class Router:
     def _handle_request(self, frame: bytes) -> bool:
         """Answer or queue one request; True when it was a hot
         execute_kernel call the caller still has to count in ``calls``."""
+        if group_frames.is_group_frame(frame):  # an item of a calls frame: read as at the top
+            self._handle_group(frame)
+            return False
         req_id: Any = None
         hot_call = False
         try:

@@ -342,3 +342,25 @@ def test_an_oversized_group_of_no_calls_is_answered_undefined():
         assert len(client.unmatched) == 1, "an oversized group of no calls was not answered once"
         _, req_id, (status, (reason, _)) = client.unmatched[0]
         assert req_id is None and terms.atom_name(status) == "error" and terms.atom_name(reason) == "too_large"
+
+
+def test_a_group_inside_a_calls_frame_loses_no_call(port, rng):
+    """A group frame as an item of a calls frame (not what the node sends,
+    but a valid term): the calls before and after it and the group's own
+    are each answered with numpy's values, and nothing stays held."""
+    xs = random_inputs(rng, 4, int(rng.integers(1, 200)))
+    port.call("execute_kernel", b"double", xs[0].tobytes(), 1)  # admitted: the group is one job
+    before, group_ids, after = port.next_req_ids(1), port.next_req_ids(2), port.next_req_ids(1)
+    frames = [
+        terms.encode((terms.atom("call"), before[0], terms.atom("execute_kernel"), (terms.Binary(b"double"), terms.Binary(xs[0].tobytes()), 1))),
+        group_frames.encode_group(b"double", 1, [(r, 0) for r in group_ids], [xs[1].tobytes(), xs[2].tobytes()]),
+        terms.encode((terms.atom("call"), after[0], terms.atom("execute_kernel"), (terms.Binary(b"double"), terms.Binary(xs[3].tobytes()), 1))),
+    ]
+    futures = port.call_raw_batch(frames, before + group_ids + after)
+    for x, fut in zip(xs, futures):
+        assert np.array_equal(np.frombuffer(fut.result(30), dtype=np.uint32), x * np.uint32(2))
+    assert terms.atom_name(port.call("ping")) == "pong"
+    deadline = time.monotonic() + 10
+    while port.call_plain("stats")["held_calls"]:
+        assert time.monotonic() < deadline, "a call's budget was not given back"
+        time.sleep(0.01)
