@@ -95,10 +95,8 @@ class Intake:
         each kernel's source is looked up once (a stat per call cost ~10%
         of the reader's time at 64 callers), none runs inline, and their
         jobs reach the GPU queue in one hand-off, so the GPU thread wakes
-        once and takes them as one batch. Re-entered (a group frame as an
-        item of a calls frame, router._submit_group), it joins the outer
-        one: starting afresh would drop the jobs the outer one holds."""
-        if self._held is not None:
+        once and takes them as one batch."""
+        if self._held is not None:  # re-entered (a group inside a calls frame): the outer one's jobs stay
             yield
             return
         self._sources, self._held = {}, []
@@ -133,11 +131,9 @@ class Intake:
             raise
 
     def submit_group(self, group: Group) -> None:
-        """Take in the N calls of a group frame (group_frames.py): the budget
-        for all of them at once (overloaded for the group as a whole,
-        raised), the kernel resolved and admitted once, and ONE job queued
-        (gpu/group_job.py). A kernel still to fetch or admit: each call
-        takes that road on its own (_expand), as it would alone."""
+        """A group frame's N calls (group_frames.py): budget taken at once
+        (else overloaded, raised), the kernel resolved and admitted once, ONE
+        job queued (gpu/group_job.py); a kernel to fetch or admit: _expand."""
         share = max(group.size, group.output_size)
         try:
             self.budget.take_many(group.n, group.n * share)
@@ -162,8 +158,7 @@ class Intake:
         self._expand(group, share)  # each call releases its own share from here
 
     def _expand(self, group: Group, share: int) -> None:
-        """Each call of a group on its own road (fetch, admission), its share
-        of the budget already held."""
+        """Each call of a group on its own road (fetch, admission), its budget held."""
         now = time.monotonic()
         size, inputs = group.size, group.inputs
         for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.entries["timeout_ms"].tolist())):
