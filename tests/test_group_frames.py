@@ -357,3 +357,30 @@ def test_a_group_inside_a_calls_frame_loses_no_call(port, rng):
     while port.call_plain("stats")["held_calls"]:
         assert time.monotonic() < deadline, "a call's budget was not given back"
         time.sleep(0.01)
+
+
+def test_a_group_larger_than_the_byte_budget_runs_as_its_single_calls(rng):
+    """KEM_QUEUE_BYTES 1 MiB, an idle budget, a group of 8 calls of 256 KiB
+    outputs (2 MiB): the port never holds more than its budget (a lone call
+    over it is let in, N of them at once are not); the calls are taken as
+    the 8 single calls would be: those that fit run (values vs numpy), the
+    others hear overloaded, and nothing is held afterwards."""
+    with start_port(KEM_QUEUE_BYTES=str(1 << 20)) as client:
+        client.call("execute_kernel", b"double", bytes(4), 1)
+        busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
+        time.sleep(0.2)
+        inputs = random_inputs(rng, 8, 16384)  # 64 KiB each, hint 4: 256 KiB outputs
+        futures = client.call_group_async(b"double", [x.tobytes() for x in inputs], hint=4)
+        held = client.call_plain("stats")["held_bytes"]
+        assert held <= 1 << 20, f"{held} bytes held on a port whose budget is 1 MiB"
+        got = [outcome(f, 60) for f in futures]
+        assert ("error", "overloaded") in got
+        for x, (status, value) in zip(inputs, got):
+            if status == "ok":
+                want = np.concatenate([x * np.uint32(2), np.zeros(3 * len(x), np.uint32)])
+                assert np.array_equal(np.frombuffer(value, dtype=np.uint32), want)
+            else:
+                assert value == "overloaded"
+        assert sum(status == "ok" for status, _ in got) >= 1
+        busy.result(30)
+        assert client.call_plain("stats")["held_calls"] == 0
