@@ -166,6 +166,8 @@ def check(fields: GroupFields, config: Config) -> Group:
     req_ids = req_ids_of(fields.entries)
     if req_ids is None:
         raise KemError("bad_request", "a group's Entries must be a binary of 12-byte <<ReqId:64, TimeoutMs:32>> entries")
+    if not req_ids:  # no caller to name: the frame is answered once, to undefined
+        raise KemError("bad_request", f"a group holds {MIN_CALLS}-{MAX_CALLS} calls, not 0")
     records = np.frombuffer(fields.entries, ENTRY_DTYPE)
     n = len(records)
     if not MIN_CALLS <= n <= MAX_CALLS:

@@ -96,6 +96,9 @@ class Intake:
         of the reader's time at 64 callers), none runs inline, and their
         jobs reach the GPU queue in one hand-off, so the GPU thread wakes
         once and takes them as one batch."""
+        if self._held is not None:  # re-entered (a group inside a calls frame): the outer one's jobs stay
+            yield
+            return
         self._sources, self._held = {}, []
         try:
             yield
@@ -128,12 +131,11 @@ class Intake:
             raise
 
     def submit_group(self, group: Group) -> None:
-        """Take in the N calls of a group frame (group_frames.py): the budget
-        for all of them at once (overloaded for the group as a whole,
-        raised), the kernel resolved and admitted once, and ONE job queued
-        (gpu/group_job.py). A kernel still to fetch or admit: each call
-        takes that road on its own (_expand), as it would alone."""
+        """A group frame's N calls (group_frames.py): budget taken at once (else overloaded, raised), the kernel
+        resolved and admitted once, ONE job queued (gpu/group_job.py); a kernel to fetch or admit: _expand."""
         share = max(group.size, group.output_size)
+        if group.n * share > self.budget.max_bytes:  # more than the port may hold at once, idle or not
+            return submit_singly(self, group)
         try:
             self.budget.take_many(group.n, group.n * share)
         except KemError:
@@ -157,16 +159,11 @@ class Intake:
         self._expand(group, share)  # each call releases its own share from here
 
     def _expand(self, group: Group, share: int) -> None:
-        """Each call of a group on its own road (fetch, admission), its share
-        of the budget already held."""
-        now = time.monotonic()
-        size, inputs = group.size, group.inputs
-        for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.entries["timeout_ms"].tolist())):
-            call = KernelCall(group.kernel_id, inputs[i * size : (i + 1) * size], group.output_size)
+        """Each call of a group on its own road (fetch, admission), its budget held."""
+        for req_id, call, deadline, timeout_s in single_calls(group):
             release = Once(lambda: self.budget.give(share))
-            timeout_s = timeout_ms / 1000.0 if timeout_ms else None
             try:
-                self._route(req_id, call, release, Deadline(now + timeout_s, timeout_s) if timeout_s else Deadline())
+                self._route(req_id, call, release, Deadline(deadline, timeout_s))
             except KemError as exc:
                 release()
                 self.fail(req_id, exc)
@@ -263,3 +260,24 @@ class Intake:
 
     def describe(self) -> dict:
         return self.budget.describe() | (self.guard.describe() if self.guard is not None else {})
+
+
+def single_calls(group: Group) -> Iterator[tuple[int, KernelCall, float | None, float | None]]:
+    """The N calls a group means: ReqId, call, deadline and timeout (None: none)."""
+    now = time.monotonic()
+    size = group.size
+    for i, (req_id, timeout_ms) in enumerate(zip(group.req_ids, group.entries["timeout_ms"].tolist())):
+        timeout_s = timeout_ms / 1000.0 if timeout_ms else None
+        call = KernelCall(group.kernel_id, group.inputs[i * size : (i + 1) * size], group.output_size)
+        yield req_id, call, (now + timeout_s if timeout_s else None), timeout_s
+
+
+def submit_singly(intake: Intake, group: Group) -> None:
+    """A group larger than the byte budget, taken as the N single calls it
+    means: each takes its own share (those past the budget hear overloaded,
+    as they would alone; a lone call over it is still let in, budget.py)."""
+    for req_id, call, deadline, timeout_s in single_calls(group):
+        try:
+            intake.submit(req_id, call, deadline, timeout_s)
+        except KemError as exc:
+            intake.fail(req_id, exc)

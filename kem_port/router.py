@@ -119,8 +119,10 @@ class Router:
         self.stats.inc("calls", hot)  # one lock for the frame's hot calls, not one each
 
     def _handle_request(self, frame: bytes) -> bool:
-        """Answer or queue one request; True when it was a hot
-        execute_kernel call the caller still has to count in ``calls``."""
+        """Answer or queue one request; True for a hot execute_kernel call the caller counts in ``calls``."""
+        if group_frames.is_group_frame(frame):  # an item of a calls frame: read as at the top
+            self._handle_group(frame)
+            return False
         req_id: Any = None
         hot_call = False
         try:
@@ -148,8 +150,7 @@ class Router:
         return hot_call
 
     def _handle_group(self, frame: bytes) -> None:
-        """A group frame (group_frames.py): N calls to one kernel, checked
-        once; a refusal that holds for one holds for all N (each hears it)."""
+        """A group frame (group_frames.py): N calls checked once; a refusal holds for all N."""
         try:
             fields = group_frames.read_fields(frame)
             if fields is None:  # a spelling the narrow reader does not take

@@ -55,7 +55,7 @@ def refuse_too_large(router: Router, head: bytes, detail: str) -> None:
     too_large, or the caller a ``{call, ReqId, ...}`` head names."""
     error = KemError("too_large", detail)
     req_ids = req_ids_in_head(head)
-    if req_ids is None:
+    if not req_ids:  # no group, or one whose Entries name nobody: as any unreadable frame
         router.reply_error(peek_req_id(head), error)
         return
     router.refuse_all(req_ids, error)

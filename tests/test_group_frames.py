@@ -150,6 +150,22 @@ def test_malformed_groups_answer_every_caller_bad_request(port):
     assert terms.atom_name(port.call("ping")) == "pong"
 
 
+def refused_undefined(client, frame: bytes) -> list[str]:
+    """Send `frame`; once the port still answers ping, the reasons of the
+    replies to ReqId undefined it drew (each an error)."""
+    before = len(client.unmatched)
+    client.send_raw(frame)
+    assert terms.atom_name(client.call("ping")) == "pong"
+    deadline = time.monotonic() + 10
+    while len(client.unmatched) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reasons = []
+    for _, req_id, (status, (reason, _)) in client.unmatched[before:]:
+        assert req_id is None and terms.atom_name(status) == "error"
+        reasons.append(terms.atom_name(reason))
+    return reasons
+
+
 @pytest.mark.parametrize(
     "junk",
     [
@@ -161,17 +177,9 @@ def test_malformed_groups_answer_every_caller_bad_request(port):
     ],
 )
 def test_unreadable_group_frames_answer_undefined(port, junk):
-    before = len(port.unmatched)
-    port.send_raw(junk)
-    assert terms.atom_name(port.call("ping")) == "pong"
-    deadline = time.monotonic() + 10
-    while len(port.unmatched) == before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    refused = port.unmatched[before:]
+    refused = refused_undefined(port, junk)
     assert len(refused) == 1, "an unreadable group frame was not answered once"
-    _, req_id, (status, (reason, _)) = refused[0]
-    assert req_id is None and terms.atom_name(status) == "error"
-    assert terms.atom_name(reason) in ("bad_frame", "bad_request")
+    assert refused[0] in ("bad_frame", "bad_request")
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["one_group_job", "calls_on_their_own"])
@@ -308,3 +316,71 @@ def test_device_loss_fails_a_group_then_groups_run_again(rng):
         for x, fut in zip(inputs, client.call_group_async(b"double", [x.tobytes() for x in inputs])):
             assert np.array_equal(np.frombuffer(fut.result(60), dtype=np.uint32), x * np.uint32(2))
         assert client.call_plain("stats")["device_rebuilds"] == 1
+
+
+@pytest.mark.parametrize("spelling", ["node", "term_to_binary"])
+def test_a_group_of_no_calls_is_answered_undefined(port, spelling):
+    """Entries of zero bytes name no caller: the frame is still answered,
+    once, to ReqId undefined (bad_request), not dropped in silence."""
+    if spelling == "node":
+        frame = group_frames.encode_group(b"double", 1, [], [])
+    else:
+        frame = _group_term_frame(terms.Binary(b"double"), 1, terms.Binary(b""), terms.Binary(bytes(4)))
+    assert refused_undefined(port, frame) == ["bad_request"], "a group of no calls was not answered once"
+
+
+def test_an_oversized_group_of_no_calls_is_answered_undefined():
+    """A group frame over the size limit whose Entries name no caller is
+    still answered once (too_large, to ReqId undefined); the port goes on."""
+    with start_port(KEM_MAX_INPUT_BYTES=str(16 << 10)) as client:
+        frame = group_frames.encode_group(b"double", 1, [], [bytes(3 << 20)])
+        assert refused_undefined(client, frame) == ["too_large"], "an oversized group of no calls was not answered once"
+
+
+def test_a_group_inside_a_calls_frame_loses_no_call(port, rng):
+    """A group frame as an item of a calls frame (not what the node sends,
+    but a valid term): the calls before and after it and the group's own
+    are each answered with numpy's values, and nothing stays held."""
+    xs = random_inputs(rng, 4, int(rng.integers(1, 200)))
+    port.call("execute_kernel", b"double", xs[0].tobytes(), 1)  # admitted: the group is one job
+    before, group_ids, after = port.next_req_ids(1), port.next_req_ids(2), port.next_req_ids(1)
+    frames = [
+        terms.encode((terms.atom("call"), before[0], terms.atom("execute_kernel"), (terms.Binary(b"double"), terms.Binary(xs[0].tobytes()), 1))),
+        group_frames.encode_group(b"double", 1, [(r, 0) for r in group_ids], [xs[1].tobytes(), xs[2].tobytes()]),
+        terms.encode((terms.atom("call"), after[0], terms.atom("execute_kernel"), (terms.Binary(b"double"), terms.Binary(xs[3].tobytes()), 1))),
+    ]
+    futures = port.call_raw_batch(frames, before + group_ids + after)
+    for x, fut in zip(xs, futures):
+        assert np.array_equal(np.frombuffer(fut.result(30), dtype=np.uint32), x * np.uint32(2))
+    assert terms.atom_name(port.call("ping")) == "pong"
+    deadline = time.monotonic() + 10
+    while port.call_plain("stats")["held_calls"]:
+        assert time.monotonic() < deadline, "a call's budget was not given back"
+        time.sleep(0.01)
+
+
+def test_a_group_larger_than_the_byte_budget_runs_as_its_single_calls(rng):
+    """KEM_QUEUE_BYTES 1 MiB, an idle budget, a group of 8 calls of 256 KiB
+    outputs (2 MiB): the port never holds more than its budget (a lone call
+    over it is let in, N of them at once are not); the calls are taken as
+    the 8 single calls would be: those that fit run (values vs numpy), the
+    others hear overloaded, and nothing is held afterwards."""
+    with start_port(KEM_QUEUE_BYTES=str(1 << 20)) as client:
+        client.call("execute_kernel", b"double", bytes(4), 1)
+        busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
+        time.sleep(0.2)
+        inputs = random_inputs(rng, 8, 16384)  # 64 KiB each, hint 4: 256 KiB outputs
+        futures = client.call_group_async(b"double", [x.tobytes() for x in inputs], hint=4)
+        held = client.call_plain("stats")["held_bytes"]
+        assert held <= 1 << 20, f"{held} bytes held on a port whose budget is 1 MiB"
+        got = [outcome(f, 60) for f in futures]
+        assert ("error", "overloaded") in got
+        for x, (status, value) in zip(inputs, got):
+            if status == "ok":
+                want = np.concatenate([x * np.uint32(2), np.zeros(3 * len(x), np.uint32)])
+                assert np.array_equal(np.frombuffer(value, dtype=np.uint32), want)
+            else:
+                assert value == "overloaded"
+        assert sum(status == "ok" for status, _ in got) >= 1
+        busy.result(30)
+        assert client.call_plain("stats")["held_calls"] == 0
