@@ -34,7 +34,7 @@ from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.group_calls import group_job
 from kem_port.group_frames import Group
-from kem_port.gpu_loop import GpuLoop, QueueFull
+from kem_port.gpu_loop import BATCH_BYTES, GpuLoop, QueueFull
 from kem_port.inline_call import may_run_inline, run_lone
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
@@ -134,7 +134,9 @@ class Intake:
         """A group frame's N calls (group_frames.py): budget taken at once (else overloaded, raised), the kernel
         resolved and admitted once, ONE job queued (gpu/group_job.py); a kernel to fetch or admit: _expand."""
         share = max(group.size, group.output_size)
-        if group.n * share > self.budget.max_bytes:  # more than the port may hold at once, idle or not
+        # More than the port may hold at once, idle or not, or more than one
+        # batch carries (a group is never split; BATCH_BYTES): its single calls.
+        if group.n * share > min(self.budget.max_bytes, BATCH_BYTES):
             return submit_singly(self, group)
         try:
             self.budget.take_many(group.n, group.n * share)

@@ -384,3 +384,24 @@ def test_a_group_larger_than_the_byte_budget_runs_as_its_single_calls(rng):
         assert sum(status == "ok" for status, _ in got) >= 1
         busy.result(30)
         assert client.call_plain("stats")["held_calls"] == 0
+
+
+def test_a_group_larger_than_one_batch_runs_as_its_single_calls(rng):
+    """A group is never split, so one whose outputs pass a batch's bytes
+    (gpu_loop.BATCH_BYTES, 64 MiB) would make one batch of them all: 3
+    calls of 24 MiB outputs (72 MiB) are taken as their single calls,
+    each answered with its own values, and no group job is made."""
+    with start_port() as client:
+        client.call("execute_kernel", b"double", bytes(4), 1)  # admitted: a group of it would be one job
+        before = client.call_plain("stats").get("group_jobs", 0)
+        inputs = random_inputs(rng, 3, 1024)  # 4 KiB each, hint 6144: 24 MiB outputs
+        futures = client.call_group_async(b"double", [x.tobytes() for x in inputs], hint=6144)
+        for x, future in zip(inputs, futures):
+            status, value = outcome(future, 120)
+            assert status == "ok", value
+            got = np.frombuffer(value, dtype=np.uint32)
+            assert len(got) == 6144 * len(x)
+            assert np.array_equal(got[: len(x)], x * np.uint32(2))
+            assert not got[len(x) :].any()
+        assert client.call_plain("stats").get("group_jobs", 0) == before
+        assert client.call_plain("stats")["held_calls"] == 0
