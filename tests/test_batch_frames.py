@@ -166,6 +166,11 @@ def test_a_calls_frame_over_the_queue_limit_refuses_only_the_extra_calls(rng):
     with start_port(KEM_QUEUE_LIMIT="8") as client:
         client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
         time.sleep(0.2)
+        # The sleep must be running, not still queued (it would take one of
+        # the 8 places): stats is read after the hook's frame, so an empty
+        # queue there means the GPU thread has taken it.
+        while client.call_plain("stats")["queue_depth"]:
+            time.sleep(0.01)
         inputs = [rng.integers(0, 2**31, int(rng.integers(1, 500)), dtype=np.uint32) for _ in range(12)]
         futures = client.call_batch_async([("execute_kernel", b"double", x.tobytes(), 1) for x in inputs])
         outcomes = []
