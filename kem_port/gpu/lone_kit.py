@@ -16,7 +16,6 @@ thread-safe; lone_road.LoneRoad runs one call at a time on it.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import wgpu
@@ -160,32 +159,16 @@ class Kit:
             self.commands[0] = self.ffi.NULL
             self.lib.wgpuCommandBufferRelease(commands)
 
+    @property
+    def pending(self) -> bool:
+        return self.status == 0
+
     def wait(self, spin_s: float, index: int) -> bool:
-        """Non-blocking polls for up to spin_s, then a blocking poll for this
-        submission (gpu/native.py's NativePath.wait, with its names local).
-        Returns whether it had to block; raises wgpu.GPUError if the map failed."""
-        lib, device, null = self.lib, self.device_h, self.ffi.NULL
-        poll = lib.wgpuDevicePoll
-        if self.status == 0 and spin_s > 0:
-            clock = time.perf_counter
-            deadline = clock() + spin_s
-            while self.status == 0:
-                for _ in range(8):
-                    poll(device, False, null)
-                    if self.status != 0:
-                        break
-                else:
-                    if clock() >= deadline:
-                        break
-        blocked = self.status == 0
-        if blocked:
-            self.index[0] = index
-            poll(device, True, self.index)
-            while self.status == 0:
-                poll(device, True, null)
-        if self.status != self.success:
-            raise wgpu.GPUError(f"map failed (status {self.status}): {self.message or 'no detail'}")
-        return blocked
+        """Spin, then block for this submission, as any map of the C-API
+        path waits (a kit has the `status`, `pending` and `message` of a
+        NativeMap). Returns whether it had to block; raises wgpu.GPUError
+        if the map failed."""
+        return self.path.wait(self, spin_s, index)
 
     def map_done(self, status, message) -> None:
         ffi = self.ffi
