@@ -411,12 +411,13 @@ retry_unsent() ->
 %% ?HOLD_BYTES: calls of one kernel, hint and input size as group frames,
 %% the rest as one calls frame (kem_group); a lone caller's call finds the
 %% mailbox empty and goes out at once, as its own frame. A call whose frame
-%% is over ?LONE_BYTES goes alone, after what is held. Each caller has one
+%% is over ?LONE_BYTES goes alone, after what is held (and, like a held
+%% call, is sent again to the replacement if the port is closed). Each caller has one
 %% call here at most (kem_port:call/4 waits for its reply), so the order in
 %% which held frames go out cannot reorder one caller's calls.
-queue_call({_Id, Frame}, State) when is_binary(Frame), byte_size(Frame) > ?LONE_BYTES ->
+queue_call(Call = {_Id, Frame}, State) when is_binary(Frame), byte_size(Frame) > ?LONE_BYTES ->
     case flush(State) of
-        {ok, Flushed} -> send(Frame, Flushed);
+        {ok, Flushed} -> send_units([{lone, [Call], Frame}], Flushed);
         Closed -> Closed
     end;
 queue_call(Call = {_Id, Item}, State = #{out := Held, out_bytes := Bytes}) ->
@@ -458,14 +459,6 @@ send_units(Units = [{Kind, Calls, Frame} | Rest], State = #{port := Port}) ->
             send_units(Rest, State)
     catch
         error:badarg -> {closed, State#{out := lists:append([C || {_, C, _} <- Units])}}
-    end.
-
-%% Sent: {ok, State}; the port is closed: {closed, State}.
-send(Frame, State = #{port := Port}) ->
-    try port_command(Port, Frame) of
-        true -> {ok, State}
-    catch
-        error:badarg -> {closed, State}
     end.
 
 %% {ReqId, {ok, Result}} for each entry of a replies frame's index; bad if
