@@ -73,10 +73,7 @@ def main() -> None:
     def one_frame(kind: str) -> float:
         nonlocal next_id, answered
         n = args.calls
-        inputs = [rng.integers(0, 2**31, args.size // 4, dtype=np.uint32).tobytes() for _ in range(n)]
-        with collector.cond:
-            for k, data in enumerate(inputs):
-                collector.want[next_id + k] = (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
+        inputs = collector.expect_doubles(next_id, n, args.size, rng)
         frame = builders[kind](next_id, inputs)
         next_id += n
         started = time.thread_time()

@@ -65,6 +65,15 @@ class Collector:
         self.cond = threading.Condition()
         threading.Thread(target=self._run, daemon=True).start()
 
+    def expect_doubles(self, first_id: int, n: int, size: int, rng: np.random.Generator) -> list[bytes]:
+        """n fresh random inputs of size bytes for ReqIds first_id.., each
+        expected back doubled (the `double` kernel)."""
+        inputs = [rng.integers(0, 2**31, size // 4, dtype=np.uint32).tobytes() for _ in range(n)]
+        with self.cond:
+            for k, data in enumerate(inputs):
+                self.want[first_id + k] = (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
+        return inputs
+
     def _run(self) -> None:
         while True:
             frame = framing.read_frame(self.read_fd, 1 << 30)
@@ -130,10 +139,7 @@ def main() -> None:
     def one_frame(profile: cProfile.Profile | None) -> float:
         nonlocal next_id, answered
         n = args.calls_per_frame
-        inputs = [rng.integers(0, 2**31, args.size // 4, dtype=np.uint32).tobytes() for _ in range(n)]
-        with collector.cond:
-            for k, data in enumerate(inputs):
-                collector.want[next_id + k] = (np.frombuffer(data, dtype=np.uint32) * 2).tobytes()
+        inputs = collector.expect_doubles(next_id, n, args.size, rng)
         frame = calls_frame(next_id, inputs)
         next_id += n
         started = time.thread_time()
