@@ -1,9 +1,13 @@
 %%% @doc Which local port runs a call: port groups, one per adapter
 %%% (kem_adapters), kernel affinity, spill to the least loaded.
 %%%
-%%% With one group (one adapter) calls go round robin over its ports, as
-%%% before groups existed. With several, a kernel id goes to the group
-%%% `phash2(KernelId)' names, to the least loaded port there, so its
+%%% Within a group a call goes to the least loaded live port, ties to the
+%%% first: a lone caller always finds the first port idle and stays there,
+%%% so a second port costs a lone call nothing (two processes taking turns
+%%% on one GPU doubled the lone latency under round robin,
+%%% docs/benchmarks.md), while many callers spread over every port, each
+%%% with its own GIL (docs/cluster.md, "Placement"). With several groups, a kernel id
+%%% goes to the group `phash2(KernelId)' names, to the least loaded port there, so its
 %%% pipeline stays warm on one device; when even that port has ?SPILL_AT
 %%% calls in flight (times the group's weight) the call spills to the least
 %%% loaded port of any group (load divided by weight). Calls without a
@@ -128,8 +132,11 @@ index_group(_Name, [], _I, _GroupOf) -> undefined;
 index_group(Name, [Name | _], I, GroupOf) -> element(I, GroupOf);
 index_group(Name, [_ | Rest], I, GroupOf) -> index_group(Name, Rest, I + 1, GroupOf).
 
-choose(_Key, #{groups := {{Ports, _}}, rr := RR}) ->
-    element(1 + atomics:add_get(RR, 1, 1) rem tuple_size(Ports), Ports);
+choose(_Key, #{groups := {{Ports, _}}, load := Load, names := Names}) ->
+    case least_loaded(Ports, Load, Names) of
+        {_Pending, I} -> I;
+        none -> element(1, Ports)  % all restarting: its caller hears why
+    end;
 choose(undefined, #{names := Names, rr := RR}) ->
     1 + atomics:add_get(RR, 1, 1) rem tuple_size(Names);
 choose(Key, #{groups := Groups, load := Load, names := Names}) ->

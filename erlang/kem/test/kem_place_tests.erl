@@ -19,6 +19,51 @@ start() ->
 stop(Apps) ->
     kem_test_app:stop(Apps).
 
+%% One group of two ports on one adapter: least loaded, ties to the first.
+two_ports_test_() ->
+    {setup, fun() -> kem_test_app:start([{ports, 2}]) end, fun stop/1,
+     [{timeout, 60, fun a_lone_caller_stays_on_the_first_port/0},
+      {timeout, 120, fun many_callers_use_both_ports/0}]}.
+
+calls_by_port() ->
+    {ok, Stats} = kem:stats(),
+    [maps:get(calls, maps:get(Port, Stats)) || Port <- [kem_port_1, kem_port_2]].
+
+%% Each port's calls since Before, less the stats call of this reading
+%% (each port counts the stats call it answers).
+calls_since(Before) ->
+    lists:zipwith(fun(A, B) -> A - B - 1 end, calls_by_port(), Before).
+
+%% One call at a time always finds the first port idle: the second port
+%% takes none (round robin would have given it half).
+a_lone_caller_stays_on_the_first_port() ->
+    Before = calls_by_port(),
+    [begin
+         Input = crypto:strong_rand_bytes(Size),
+         ?assertEqual({ok, kem_ref:double_ref(Input, Size)}, kem:execute(?DOUBLE, Input, #{}))
+     end || Size <- lists:seq(1, 40)],
+    ?assertEqual([40, 0], calls_since(Before)).
+
+%% 32 callers at once: the first port's calls in flight push the rest onto
+%% the second, and every result is right.
+many_callers_use_both_ports() ->
+    Before = calls_by_port(),
+    Self = self(),
+    Pids = [spawn_link(fun() ->
+                Results = [begin
+                               Size = rand:uniform(4096),
+                               Input = crypto:strong_rand_bytes(Size),
+                               kem:execute(?DOUBLE, Input, #{}) =:= {ok, kem_ref:double_ref(Input, Size)}
+                           end || _ <- lists:seq(1, 10)],
+                Self ! {self(), Results}
+            end) || _ <- lists:seq(1, 32)],
+    Results = lists:append([receive {P, R} -> R end || P <- Pids]),
+    ?assertEqual(lists:duplicate(320, true), Results),
+    [First, Second] = calls_since(Before),
+    ?debugFmt("32 callers x 10 calls over one group of two ports: ~p, ~p", [First, Second]),
+    ?assertEqual(320, First + Second),
+    ?assert(Second > 0).
+
 calls_by_group() ->
     [maps:get(calls, G) || G <- kem:adapters()].
 
