@@ -14,9 +14,10 @@
 %%% meant, as does a discovery that fails or finds nothing: then the port
 %%% picks its adapter itself and says why it cannot start, as before.
 -module(kem_adapters).
--export([groups/0, choose/2, port_env/1]).
+-export([groups/0, choose/2, port_env/1, ports_for/2]).
 
--type group() :: #{adapter := non_neg_integer() | default, name := binary(), weight := pos_integer()}.
+-type group() :: #{adapter := non_neg_integer() | default, name := binary(), weight := pos_integer(),
+                   type => binary()}.
 -export_type([group/0]).
 
 -define(DEFAULT, #{adapter => default, name => <<"chosen by the port">>, weight => 1}).
@@ -49,6 +50,19 @@ choose(Adapters, Exclude) ->
 port_env(#{adapter := default}) -> [];
 port_env(#{adapter := I}) -> [{"KEM_ADAPTER", integer_to_list(I)}].
 
+%% @doc How many ports Group gets under the `ports' setting: a number as
+%% given; `auto' two on a discrete GPU, one otherwise. One port's GIL
+%% bounds its small calls near 30k/s on an H100 while the GPU has room;
+%% a second port, placed least loaded (kem_place), took 64 callers from
+%% 28.6-33.5k to 43.6-44.2k calls/s with no cost to a lone call, and a
+%% third gave no more (docs/benchmarks.md, "Two ports on one GPU"). A CPU
+%% adapter has no such headroom, and a group whose type discovery did not
+%% report (configured indexes, a pinned adapter) keeps one.
+-spec ports_for(group(), pos_integer() | auto) -> pos_integer().
+ports_for(_Group, N) when is_integer(N) -> N;
+ports_for(#{type := <<"DiscreteGPU">>}, auto) -> 2;
+ports_for(_Group, auto) -> 1.
+
 %%% internals
 
 discovered() ->
@@ -68,7 +82,8 @@ group(Other, _) ->
     error({bad_config, {adapters, Other}}).
 
 from_json(A = #{<<"index">> := I}) ->
-    #{adapter => I, name => maps:get(<<"name">>, A, <<>>), weight => weight_of(I)}.
+    #{adapter => I, name => maps:get(<<"name">>, A, <<>>), weight => weight_of(I),
+      type => maps:get(<<"type">>, A, <<>>)}.
 
 weight_of(I) ->
     case maps:get(I, application:get_env(kem, weights, #{}), 1) of
@@ -122,4 +137,11 @@ choose_test() ->
     ?assertEqual([?DEFAULT], choose([Gl], [])),
     ?assertEqual([{"KEM_ADAPTER", "2"}], port_env(#{adapter => 2, name => <<>>, weight => 1})),
     ?assertEqual([], port_env(?DEFAULT)).
+
+ports_for_test() ->
+    [Discrete] = choose([#{<<"index">> => 0, <<"type">> => <<"DiscreteGPU">>, <<"backend">> => <<"Vulkan">>}], []),
+    [Integrated] = choose([#{<<"index">> => 0, <<"type">> => <<"IntegratedGPU">>, <<"backend">> => <<"Vulkan">>}], []),
+    [Cpu] = choose([#{<<"index">> => 0, <<"type">> => <<"CPU">>, <<"backend">> => <<"Vulkan">>}], []),
+    ?assertEqual([2, 1, 1, 1], [ports_for(G, auto) || G <- [Discrete, Integrated, Cpu, ?DEFAULT]]),
+    ?assertEqual([3, 3], [ports_for(G, 3) || G <- [Discrete, Cpu]]).
 -endif.

@@ -32,10 +32,10 @@
 
 %% @doc Number the ports of every group (`kem_port_1'...), remember the
 %% groups, and return each port's name and extra environment.
--spec setup([group()], pos_integer()) -> [port_spec()].
-setup(Groups, PortsPerGroup) ->
+-spec setup([group()], pos_integer() | auto) -> [port_spec()].
+setup(Groups, PortsSetting) ->
     Specs = [{G, Group} || {G, Group} <- lists:zip(lists:seq(1, length(Groups)), Groups)],
-    Ports = [{G, Group} || {G, Group} <- Specs, _ <- lists:seq(1, PortsPerGroup)],
+    Ports = [{G, Group} || {G, Group} <- Specs, _ <- lists:seq(1, kem_adapters:ports_for(Group, PortsSetting))],
     Names = [port_name(I) || I <- lists:seq(1, length(Ports))],
     Table = [{G, [I || {I, {G1, _}} <- lists:zip(lists:seq(1, length(Ports)), Ports), G1 =:= G], Group}
              || {G, Group} <- Specs],

@@ -179,7 +179,7 @@ bad_session() ->
     {error, {bad_args, <<"not a session: pass the handle session_open/1 returned">>}}.
 
 %% Sessions spread over the ports at random; chains too (they are rare
-%% and long next to calls, so kem's round-robin counter is left to calls).
+%% and long next to calls; kem_place's load counts are left to calls).
 pick_port() ->
     case persistent_term:get({kem, ports}, undefined) of
         undefined -> {error, {not_started, <<"application kem is not running">>}};

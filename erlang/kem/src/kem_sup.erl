@@ -65,7 +65,8 @@ adapter_groups() ->
     end.
 
 ports_per_group() ->
-    case application:get_env(kem, ports, 1) of
+    case application:get_env(kem, ports, auto) of
         N when is_integer(N), N >= 1 -> N;
+        auto -> auto;
         Other -> error({bad_config, {ports, Other}})
     end.
