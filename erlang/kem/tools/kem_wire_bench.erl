@@ -17,17 +17,18 @@ run(Seconds) ->
     {ok, Echo} = kem_port:start_script(echo_tool()),
     Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
     EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
-    port(<<"kem">>, Kem, kem_port:os_pid(kem_port_1), Seconds),
-    port(<<"echo">>, EchoCall, kem_port:os_pid(Echo), Seconds).
+    %% Every port of the app (`ports', kem_place spreads many callers).
+    port(<<"kem">>, Kem, [kem_port:os_pid(P) || P <- kem_sup:port_names()], Seconds),
+    port(<<"echo">>, EchoCall, [kem_port:os_pid(Echo)], Seconds).
 
-port(Name, Call, OsPid, Seconds) ->
+port(Name, Call, OsPids, Seconds) ->
     {P50, P99} = latency(Call, 2000),
     One = rate(Call, 1, Seconds),
-    {Many, Cpu} = with_cpu(OsPid, fun() -> rate(Call, 64, Seconds) end),
+    {Many, Cpu} = with_cpu(OsPids, fun() -> rate(Call, 64, Seconds) end),
     #{all := All, reader := Reader, vm := Vm, groups := Groups} = per_call(Cpu, Many * Seconds),
     ok = io:format("~s: lone call p50 ~b us p99 ~b us | 1 caller ~b calls/s | 64 callers ~b calls/s "
-              "(~.1f% in group frames) | CPU per call at 64: port ~.1f us (reader ~.1f us), Erlang VM ~.1f us~n",
-              [Name, P50, P99, round(One), round(Many), Groups * 100, All, Reader, Vm]).
+              "(~.1f% in group frames) | CPU per call at 64, ~b port(s) together: ~.1f us (readers ~.1f us), Erlang VM ~.1f us~n",
+              [Name, P50, P99, round(One), round(Many), Groups * 100, length(OsPids), All, Reader, Vm]).
 
 latency(Call, N) ->
     [Call() || _ <- lists:seq(1, 100)],
@@ -38,14 +39,14 @@ latency(Call, N) ->
 rate(Call, Callers, Seconds) ->
     kem_bench:rate(fun(_Small) -> Call() end, Callers, Seconds).
 
-with_cpu(OsPid, Fun) ->
-    Before = {threads(OsPid), vm_ms(), group_calls()},
+with_cpu(OsPids, Fun) ->
+    Before = {all_threads(OsPids), vm_ms(), group_calls()},
     Result = Fun(),
-    {Result, {Before, {threads(OsPid), vm_ms(), group_calls()}, OsPid}}.
+    {Result, {Before, {all_threads(OsPids), vm_ms(), group_calls()}, OsPids}}.
 
-per_call({{T0, V0, G0}, {T1, V1, G1}, OsPid}, Calls) ->
+per_call({{T0, V0, G0}, {T1, V1, G1}, OsPids}, Calls) ->
     Ticks = fun(M) -> lists:sum(maps:values(M)) end,
-    Main = fun(M) -> maps:get(OsPid, M, 0) end,
+    Main = fun(M) -> lists:sum([maps:get(OsPid, M, 0) || OsPid <- OsPids]) end,
     Us = fun(TicksSpent) -> TicksSpent * 10000 / Calls end,  % 100 ticks a second
     #{all => Us(Ticks(T1) - Ticks(T0)), reader => Us(Main(T1) - Main(T0)), vm => (V1 - V0) * 1000 / Calls,
       groups => (G1 - G0) / Calls}.
@@ -53,6 +54,11 @@ per_call({{T0, V0, G0}, {T1, V1, G1}, OsPid}, Calls) ->
 %% Calls every port owner has sent inside group frames (kem_metrics).
 group_calls() ->
     lists:sum([N || {{group_calls, _Owner}, N} <- kem_metrics:snapshot()]).
+
+%% CPU ticks of every thread of these processes, by thread id (thread
+%% ids are unique across processes).
+all_threads(OsPids) ->
+    lists:foldl(fun(P, Acc) -> maps:merge(Acc, threads(P)) end, #{}, OsPids).
 
 %% CPU ticks (user + system) of each thread of OsPid; the main thread's id
 %% is the process id (the port's reader thread).
