@@ -14,6 +14,7 @@
 run(Seconds) ->
     logger:set_primary_config(level, error),
     {ok, _} = application:ensure_all_started(kem),
+    kem_bench:settle(),
     {ok, Echo} = kem_port:start_script(echo_tool()),
     Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
     EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
