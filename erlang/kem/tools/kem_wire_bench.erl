@@ -20,7 +20,23 @@ run(Seconds) ->
     EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
     %% Every port of the app (`ports', kem_place spreads many callers).
     port(<<"kem">>, Kem, [kem_port:os_pid(P) || P <- kem_sup:port_names()], Seconds),
-    port(<<"echo">>, EchoCall, [kem_port:os_pid(Echo)], Seconds).
+    port(<<"echo">>, EchoCall, [kem_port:os_pid(Echo)], Seconds),
+    stages(Kem, Seconds).
+
+%% Where a batch's time goes at 64 callers, summed over every port: the
+%% ports' own stage timers (wall µs, docs/executor.md) per batch, and how
+%% long a call waited in the GPU queue.
+stages(Call, Seconds) ->
+    {ok, Before} = kem:stats(),
+    _ = rate(Call, 64, Seconds),
+    {ok, After} = kem:stats(),
+    D = fun(Key) -> lists:sum([maps:get(Key, maps:get(P, After), 0) - maps:get(Key, maps:get(P, Before), 0)
+                               || P <- maps:keys(After), is_map_key(P, Before)]) end,
+    Batches = max(1, D(batches)),
+    ok = io:format("kem stages at 64 callers: ~.1f calls a batch (~b calls ran inline); per batch us: upload+encode ~.1f, "
+                   "submit ~.1f, gpu wait ~.1f, readback ~.1f; queue wait per call ~.1f us~n",
+                   [D(batched_calls) / Batches, D(inline_calls), D(upload_encode_us) / Batches, D(submit_us) / Batches,
+                    D(gpu_wait_us) / Batches, D(readback_us) / Batches, D(queue_wait_us) / max(1, D(batched_calls))]).
 
 port(Name, Call, OsPids, Seconds) ->
     {P50, P99} = latency(Call, 2000),
