@@ -101,7 +101,7 @@ def main() -> None:
             }), flush=True)
     if collector.wrong or collector.errors:
         raise SystemExit(f"{len(collector.wrong)} wrong results, {collector.errors} error replies")
-    print(json.dumps({"checked_calls": answered, "group_frames": stats.count("group_frames"),
+    print(json.dumps({"checked_calls": answered, "group_frames": stats.count("group_frames"), "slot_dispatches": stats.count("slot_dispatches"),
                       "calls_frames": stats.count("calls_frames")}), flush=True)
 
 

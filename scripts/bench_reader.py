@@ -106,7 +106,7 @@ class Collector:
 
 def build_router(writer_fd: int) -> tuple[Router, Stats]:
     stats = Stats()
-    config = Config()
+    config = Config.from_env()  # KEM_* settings apply (KEM_POLL_SPIN_US, KEM_SLOT_DISPATCH...)
     executor = Executor(config, stats)
     executor.open()
     resolver = KernelResolver(default_stores(config.kernel_dir), None)

@@ -48,7 +48,7 @@ class Executor:
     def __init__(self, config: Config, stats: Stats) -> None:
         self.stats = stats
         self.gpu = Device(config, stats)
-        self.pipelines = Pipelines(stats)
+        self.pipelines = Pipelines(stats, slot_dispatch=config.slot_dispatch == "on")
         self.stages = Stages(self.gpu, self.pipelines, stats)
         self.lone = LoneRoad(self.gpu, self.pipelines, stats)  # a lone call's kits (gpu/lone_road.py)
 

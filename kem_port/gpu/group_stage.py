@@ -21,9 +21,15 @@ from kem_port.gpu.pipelines import NO_BINDING, Pipelines
 from kem_port.gpu.plan import Prepared
 
 
-def dispatch_slots(encoder, pipelines: Pipelines, device, item: Prepared, in_buf, out_buf, in_serial: int, out_serial: int) -> int:
-    """Dispatch each live slot of a group item; return the bind group cache hits."""
+def dispatch_slots(encoder, pipelines: Pipelines, device, item: Prepared, in_buf, out_buf, in_serial: int, out_serial: int, binding_limit: int) -> int:
+    """Dispatch a group item's slots: all at once through the kernel's slot
+    form where it has one (gpu/slot_dispatch.py), else each live slot with
+    its own bind group. Returns the per-slot bind group cache hits."""
     job = item.job
+    if pipelines.slots.dispatch(encoder, device, item, in_buf, out_buf, in_serial, out_serial, binding_limit):
+        pipelines.stats.inc("slot_dispatches")
+        pipelines.stats.inc("slot_calls", job.calls)
+        return 0
     layout = (item.pipeline.serial, in_serial, item.in_offset, item.in_size, item.in_stride,
               out_serial, item.out_offset, item.out_size, item.out_stride, job.calls)
     groups = pipelines.cached_slot_list(layout)

@@ -19,6 +19,7 @@ import wgpu
 from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.slot_dispatch import SlotForms
 from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape, reflect
 from kem_port.kernel_store import KernelSource
@@ -41,6 +42,7 @@ class Pipeline:
     serial: int  # never reused, unlike id(): keys the bind group cache
     tabled: bool = False  # declares the call table: its calls share dispatches
     debugged: bool = False  # binds the debug channel (a debug call's kernel that declares it)
+    source: KernelSource | None = None  # what was compiled: a group's slot form is built from it (gpu/slot_dispatch.py)
 
 
 def gpu_message(exc: BaseException) -> str:
@@ -55,12 +57,13 @@ def _key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool, bool]:
 
 
 class Pipelines:
-    def __init__(self, stats: Stats) -> None:
+    def __init__(self, stats: Stats, slot_dispatch: bool = True) -> None:
         self.stats = stats
         self._cache: OrderedDict[tuple, Pipeline] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._slot_lists: OrderedDict[tuple, list[wgpu.GPUBindGroup]] = OrderedDict()
+        self.slots = SlotForms(slot_dispatch)  # group jobs of plain kernels as one dispatch
         self._serial = 0
 
     def clear(self) -> None:
@@ -68,6 +71,7 @@ class Pipelines:
         self._cache.clear()
         self._bind_groups.clear()
         self._slot_lists.clear()
+        self.slots.clear()
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -102,7 +106,7 @@ class Pipelines:
         self._serial += 1
         tabled = contract.uses_call_table(shape)
         debugged = contract.declares_debug(shape)
-        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled, debugged)
+        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled, debugged, source)
         while len(self._cache) > PIPELINE_CACHE_SIZE:
             self._cache.popitem(last=False)
         return result
