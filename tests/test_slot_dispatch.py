@@ -161,7 +161,7 @@ def run_group(port, name: str, inputs: list[np.ndarray], hint: int) -> list[byte
 
 
 @pytest.mark.parametrize("name", ["vec4_scale", "reverse", "unguarded", "histogram", "workgroup_sum", "sees_z"])
-@pytest.mark.parametrize("calls,words,hint", [(2, 16, 1), (9, 63, 1), (33, 300, 2), (64, 4, 3)])
+@pytest.mark.parametrize("calls,words,hint", [(2, 16, 1), (9, 59, 1), (33, 300, 2), (64, 4, 3)])
 def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, calls, words, hint):
     inputs = [rng.integers(0, 2**32, words, dtype=np.uint32) for _ in range(calls)]
     if name == "vec4_scale":  # finite floats
@@ -234,3 +234,6 @@ def test_slot_uniform_needs_whole_elements_and_a_spare_one():
     assert slot_uniform(64, 256, 64, 256, kernel) == (4, 16, 4, 16)
     assert slot_uniform(64, 256, 256, 256, kernel) is None  # no spare element after the output
     assert slot_uniform(64, 264, 64, 256, kernel) is None  # not whole vec4s
+    assert slot_uniform(64, 256, 244, 256, kernel) is None  # the spare would hold the output's bytes 240-243
+    assert slot_uniform(64, 256, 240, 256, kernel) == (4, 16, 15, 16)
+    assert slot_uniform(20, 256, 20, 256, kernel) == (1, 16, 1, 16)  # a partial vec4 is not counted

@@ -17,7 +17,7 @@ of the two bindings is redirected into that slot:
   runs on; WebGPU allows it);
 * ``output[e]`` (read, written, or its address taken for an atomic)
   indexes ``output[kem_out(u32(e))]``: the slot's element, or past the
-  call's output a spare element in the slot's own padding, so a stray
+  call's output the last element of the slot's own padding, so a stray
   write lands where no caller reads it, as a lone call's out-of-range
   write is dropped;
 * ``arrayLength(&input)`` / ``arrayLength(&output)`` are the call's own
@@ -175,7 +175,8 @@ def _appendix(input_name: str, input_type: str, output_name: str) -> str:
 
 // kem: one dispatch for a group of calls (kem_port/gpu/slot_kernel.py).
 // x: input elements a call, y: input stride a slot, z: output elements
-// a call, w: output stride a slot (elements); w > z (a spare element).
+// a call, w: output stride a slot (elements); element w - 1 of a slot
+// lies past the call's output bytes (a spare for stray writes).
 @group(0) @binding({SLOT_BINDING}) var<uniform> kem_slots: vec4<u32>;
 var<private> kem_slot: u32;
 fn kem_in_at(i: u32) -> {input_type} {{
@@ -183,7 +184,7 @@ fn kem_in_at(i: u32) -> {input_type} {{
     return {input_type}();
 }}
 fn kem_out(i: u32) -> u32 {{
-    return kem_slot * kem_slots.w + select(kem_slots.z, i, i < kem_slots.z);
+    return kem_slot * kem_slots.w + select(kem_slots.w - 1u, i, i < kem_slots.z);
 }}
 """
 
@@ -191,14 +192,15 @@ fn kem_out(i: u32) -> u32 {{
 def slot_uniform(in_bytes: int, in_stride: int, out_bytes: int, out_stride: int, kernel: SlotKernel) -> tuple[int, int, int, int] | None:
     """The four words of kem_slots for slots of these sizes and strides
     (bytes), or None when they do not fit the slot form: a stride that is
-    not a whole number of elements, or no spare element after an output."""
+    not a whole number of elements, or no spare element after an output:
+    the slot's last element must start past the output's bytes, a partial
+    last element of the output included (a 20-byte output of vec4s has one
+    element for arrayLength, but a write to the second would touch its
+    bytes 16-19)."""
     ie, oe = kernel.input_stride, kernel.output_stride
-    if in_stride % ie or out_stride % oe:
+    if in_stride % ie or out_stride % oe or out_stride - oe < out_bytes:
         return None
-    out_len = out_bytes // oe
-    if out_len + 1 > out_stride // oe:
-        return None
-    return (in_bytes // ie, in_stride // ie, out_len, out_stride // oe)
+    return (in_bytes // ie, in_stride // ie, out_bytes // oe, out_stride // oe)
 
 
 
