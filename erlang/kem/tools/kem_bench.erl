@@ -44,6 +44,7 @@ run(Mode, OutFile) ->
         mode => Mode,
         adapter => maps:get(<<"name">>, Info),
         adapter_type => maps:get(<<"adapter_type">>, Info),
+        ports => length(kem_sup:port_names()),
         small_p50_us => pct(Small, 50), small_p99_us => pct(Small, 99),
         echo_small_p50_us => pct(EchoSmall, 50), echo_small_p99_us => pct(EchoSmall, 99),
         calls_per_s => by_key(Rates), echo_calls_per_s => by_key(EchoRates), groups => by_key(Groups),
@@ -211,7 +212,7 @@ print_coalesced(Rows) ->
 print(R, Sizes) ->
     #{calls_per_s := C, echo_calls_per_s := EC, bulk_gbps := B, bulk_pipe_gbps := BP,
       echo_bulk_gbps := EB, ratios := Q} = R,
-    io:format("~nkem bench (~p) on ~s (~s)~n", [maps:get(mode, R), maps:get(adapter, R), maps:get(adapter_type, R)]),
+    io:format("~nkem bench (~p) on ~s (~s), ~b port(s)~n", [maps:get(mode, R), maps:get(adapter, R), maps:get(adapter_type, R), maps:get(ports, R)]),
     io:format("  small call (double, 4 B), one caller:  p50 ~p us  p99 ~p us   | echo p50 ~p us  p99 ~p us~n",
               [maps:get(small_p50_us, R), maps:get(small_p99_us, R),
                maps:get(echo_small_p50_us, R), maps:get(echo_small_p99_us, R)]),
