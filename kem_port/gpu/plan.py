@@ -2,7 +2,8 @@
 workgroups (:func:`prepare`), then placed in the batch's shared buffers
 (:class:`BatchPlan`) and uploaded. Calls to a kernel that declares the call
 table are grouped (:class:`TableGroup`): one dispatch per group, outputs
-back to back (gpu/call_table.py).
+back to back (gpu/call_table.py); a group job of such a kernel is its own
+dispatch, or a few (gpu/group_table.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kem_port.gpu import call_table, contract
+from kem_port.gpu import call_table, contract, group_table
 from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -92,6 +93,15 @@ class TableGroup:
     rows: bytes = b""
     words: int = 0  # invocations that do work: one per output word
 
+    @property
+    def calls(self) -> int:
+        return len(self.items)
+
+    @property
+    def alone(self) -> bool:
+        """One call: dispatched as planned for it (a large one may spill into y)."""
+        return len(self.items) == 1
+
     def fits(self, item: Prepared, binding_limit: int, max_words: int) -> bool:
         """Whether `item` (a small one, after the others in the input) can join."""
         if not self.items:
@@ -162,7 +172,14 @@ class BatchPlan:
             item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
-        self.groups = _table_groups([i for i in items if i.pipeline.tabled], binding_limit, max_groups)
+        tabled = [i for i in items if i.pipeline.tabled]
+        self.groups: list = _table_groups([i for i in tabled if i.job.calls == 1], binding_limit, max_groups)
+        self.group_tables = 0  # group jobs on their own dispatches (executor._prepare_all let in those that fit)
+        for item in tabled:
+            if item.job.calls > 1:
+                chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups)
+                self.groups += group_table.slot_tables(item, chunk)
+                self.group_tables += 1
         t_total = 0
         for group in self.groups:
             group.lay_out(out_total, t_total)
