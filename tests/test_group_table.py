@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import terms
+from kem_port import group_frames, terms
 from kem_port.client import PortError
 from kem_port.config import Config
 from kem_port.gpu import call_table, group_table
-from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.group_job import GroupJob
 from kem_port.kernel_store import source_from_bytes
@@ -135,32 +135,33 @@ def test_expired_slots_are_not_answered_and_the_others_are(tabled_port, rng):
     assert (moved["group_jobs"], moved["table_group_jobs"], moved["table_dispatches"]) == (1, 1, 1)
 
 
-def test_a_group_beside_single_calls_of_its_kernel_in_one_batch(tabled_port, rng):
-    """Single calls, a group and single calls again in one calls frame, queued
-    behind a sleeping GPU: the singles share a table, the group has its own,
-    every value numpy's."""
+def test_groups_beside_single_calls_of_their_kernel_share_one_dispatch(tabled_port, rng):
+    """Single calls, a group, single calls again and a second group of
+    another size in one calls frame, queued behind a sleeping GPU: each
+    batch they make is ONE dispatch (their rows one table), every value
+    numpy's. (One batch of all 40, on an executor: the test below.)"""
     busy = tabled_port.call_async("test_hook", terms.atom("sleep_gpu"), 500)
     time.sleep(0.1)
     before = counts(tabled_port)
     sizes = [int(s) for s in rng.integers(1, 400, 5)]
     singles = [rng.integers(0, 256, s, dtype=np.uint8).tobytes() for s in sizes]
-    group = [rng.integers(0, 256, 120, dtype=np.uint8).tobytes() for _ in range(24)]
-    first, group_ids, last = tabled_port.next_req_ids(3), tabled_port.next_req_ids(24), tabled_port.next_req_ids(2)
+    group_a = [rng.integers(0, 256, 120, dtype=np.uint8).tobytes() for _ in range(24)]
+    group_b = [rng.integers(0, 256, 37, dtype=np.uint8).tobytes() for _ in range(11)]
+    first, a_ids, last, b_ids = (tabled_port.next_req_ids(n) for n in (3, 24, 2, 11))
     call = lambda r, data: terms.encode((terms.atom("call"), r, terms.atom("execute_kernel"),  # noqa: E731
                                          (terms.Binary(b"reversed"), terms.Binary(data), 1)))
-    from kem_port import group_frames
-
     frames = [call(r, d) for r, d in zip(first, singles[:3])]
-    frames.append(group_frames.encode_group(b"reversed", 1, [(r, 60000) for r in group_ids], group))
+    frames.append(group_frames.encode_group(b"reversed", 1, [(r, 60000) for r in a_ids], group_a))
     frames += [call(r, d) for r, d in zip(last, singles[3:])]
-    futures = tabled_port.call_raw_batch(frames, first + group_ids + last)
-    for data, fut in zip(singles[:3] + group + singles[3:], futures):
+    frames.append(group_frames.encode_group(b"reversed", 1, [(r, 60000) for r in b_ids], group_b))
+    futures = tabled_port.call_raw_batch(frames, first + a_ids + last + b_ids)
+    for data, fut in zip(singles[:3] + group_a + singles[3:] + group_b, futures):
         assert fut.result(60) == expected("reversed", data, len(data))
     busy.result(30)
     moved = delta(counts(tabled_port), before)
-    assert (moved["group_jobs"], moved["table_group_jobs"], moved["table_calls"]) == (1, 1, 29)
-    if moved["batches"] == 2:  # the sleep and all 29 calls: the singles' table and the group's
-        assert moved["table_dispatches"] == 2
+    assert (moved["group_jobs"], moved["table_group_jobs"], moved["table_calls"]) == (2, 2, 40)
+    # However the batch sizer cut them (groups are never split), one dispatch a batch.
+    assert moved["table_dispatches"] == moved["batches"] <= 3
 
 
 @pytest.mark.parametrize("size,chunked", [(1024, True), (1025, False)], ids=["chunked", "single_calls"])
@@ -242,3 +243,36 @@ def test_a_group_over_the_binding_limit_is_chunked(executor, rng, limit_kib, dis
         assert got == expected("reversed", inputs[slot], 4096), slot
     moved = executor.stats.count("table_dispatches") - before[0], executor.stats.count("table_group_jobs") - before[1]
     assert moved == (dispatches, 1)
+
+
+def test_one_batch_of_single_calls_and_groups_is_one_dispatch(executor, rng):
+    """Singles, a group, singles, a group of another size (and an expired
+    slot) to one call-table kernel in one batch: one dispatch, 1 + 2 + ...
+    rows, each caller's value numpy's."""
+    source = source_from_bytes("reversed", reversed_kernel(64).encode(), "test", "local")
+    answers: dict = {}
+    jobs, want = [], {}
+    for key, size in enumerate(int(s) for s in rng.integers(1, 500, 6)):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        out = size + int(rng.integers(0, 9))
+        jobs.append(Job(KernelCall("reversed", data, out), source,
+                        reply=lambda v, k=key: answers.__setitem__(k, bytes(v)), fail=lambda e, k=key: answers.__setitem__(k, e)))
+        want[key] = expected("reversed", data, out)
+        if key in (1, 3):  # a group after the 2nd and the 4th single
+            n, size = (40, 64) if key == 1 else (7, 333)
+            inputs = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(n)]
+            live = np.ones(n, bool)
+            live[n // 2] = key == 1  # the second group's middle slot expired
+            slots: dict = {}
+            jobs.append(group_job(source, inputs, 2 * size, slots, live))
+            for slot, data in enumerate(inputs):
+                if live[slot]:
+                    want[(key, slot)] = expected("reversed", data, 2 * size)
+            answers[key, "slots"] = slots
+    before = executor.stats.count("table_dispatches"), executor.stats.count("table_calls")
+    executor.run(jobs)
+    for key in (1, 3):
+        answers.update({(key, slot): got for slot, got in answers.pop((key, "slots")).items()})
+    assert answers == want
+    moved = executor.stats.count("table_dispatches") - before[0], executor.stats.count("table_calls") - before[1]
+    assert moved == (1, 6 + 40 + 7)

@@ -1,14 +1,16 @@
-"""A group job of a call-table kernel as ONE dispatch (docs/dispatch.md,
-"Groups of a call-table kernel"; docs/executor.md, "Group jobs").
+"""A group job of a call-table kernel in ONE dispatch (docs/dispatch.md,
+"A group of a call-table kernel"; docs/executor.md, "Group jobs").
 
 A group's N slots are already packed at a fixed stride (plan._pack_slots:
 slot k's input at ``k * in_stride`` from the group's input offset), so its
 call table is arithmetic, built with numpy in one go: row k is
 ``(k * in_stride / 4, ceil(S / 4), k * out_words, out_words)``, the
 outputs back to back (slot k's at ``k * out_size`` bytes from the group's
-output offset, which is the group's ``out_stride``). The group is bound
-once and dispatched once, one invocation per output word, and its live
-slots' outputs are gathered as a plain group's are (group_stage.gather).
+output offset, which is the group's ``out_stride``). The group shares the
+dispatch of the batch's other calls to its kernel (plan.TableGroup, rows
+by ``shared_rows``): bound once, dispatched once, one invocation per
+output word; its live slots' outputs are gathered as a plain group's are
+(group_stage.gather).
 
 A group larger than one dispatch allows (the binding limit, or one row of
 workgroups: a shared dispatch does not spill into y, as for single calls)
@@ -21,8 +23,8 @@ asks for), or its calls are larger than ``call_table.MAX_CALL_BYTES``
 (``chunk_slots`` returns 0; executor._prepare_all splits it).
 
 Per group this replaces N bind groups, N ``set_bind_group`` + dispatch
-pairs and N calls through ``call_table.build`` by one of each: the slot
-loop was 8-9 us a call of the GPU thread at 64 slots on the H100.
+pairs and N calls through ``call_table.build`` by a share of one: the
+slot loop was 8-9 us a call of the GPU thread at 64 slots on the H100.
 """
 
 from __future__ import annotations
@@ -126,3 +128,27 @@ def slot_rows(count: int, in_stride_words: int, input_words: int, out_words: int
     rows[:, 2] = slot * np.uint32(out_words)
     rows[:, 3] = out_words
     return rows.tobytes()
+
+
+def input_end(item) -> int:
+    """Where an item's inputs end in the batch's input buffer (a group's last slot's)."""
+    return item.in_offset + (item.job.calls - 1) * item.in_stride + item.in_size
+
+
+def shared_rows(items: list, in_base: int, out_start: int) -> tuple[bytes, int]:
+    """The rows of single calls and whole groups sharing one dispatch, in
+    order, outputs back to back from out_start (each item's out_offset set;
+    a group's slots out_size apart). Returns the rows and the output words."""
+    parts, word = [], 0
+    for item in items:
+        in_word, out_words, in_words = (item.in_offset - in_base) // 4, item.out_size // 4, -(-len(item.job.call.input) // 4)
+        item.out_offset = out_start + word * 4
+        if item.job.calls == 1:
+            parts.append(call_table.ROW.pack(in_word, in_words, word, out_words))
+            word += out_words
+            continue
+        item.out_stride = item.out_size
+        rows = np.frombuffer(slot_rows(item.job.calls, item.in_stride // 4, in_words, out_words), "<u4").reshape(-1, 4)
+        parts.append((rows + np.array([in_word, 0, word, 0], "<u4")).tobytes())
+        word += item.job.calls * out_words
+    return b"".join(parts), word
