@@ -209,8 +209,9 @@ class Stages:
             self.stats.inc("bind_group_hits", hits)
 
     def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf) -> None:
-        """One dispatch for calls to a call-table kernel: single calls
-        (plan.TableGroup) or a group job's slots (group_table.SlotTable)."""
+        """One dispatch for calls to a call-table kernel: single calls and
+        whole group jobs (plan.TableGroup), or a chunk of a large group job's
+        slots (group_table.SlotTable)."""
         encoder.set_pipeline(table.pipeline.pipeline)
         group = self.pipelines.bind_group(
             device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),

@@ -32,17 +32,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kem_port.gpu import call_table, contract
 from kem_port.gpu.pipelines import Pipeline
 
+if TYPE_CHECKING:
+    from kem_port.gpu.device import Device
 
-def fits(item, gpu) -> bool:
+# An `item` here is a plan.Prepared (plan.py imports this module, so it is
+# not imported back: kem_port's import graph has no cycles).
+
+
+def fits(item, gpu: Device) -> bool:
     """Whether a group item of a call-table kernel runs on its own table
-    (one dispatch, or a few chunks of it) on `gpu` (a gpu.device.Device)
-    rather than as its single calls."""
+    (one dispatch, or a few chunks of it) on `gpu` rather than as its
+    single calls."""
     return chunk_slots(item, gpu.storage_align, gpu.binding_limit, gpu.dispatch_limits.max_per_dimension) > 0
 
 
@@ -70,12 +77,12 @@ def chunk_slots(item, storage_align: int, binding_limit: int, max_groups: int) -
 
 @dataclass
 class SlotTable:
-    """One dispatch over slots [first, first + count) of a group item:
-    what plan.TableGroup is for single calls (the same fields, so the
-    batch binds and dispatches both alike)."""
+    """One dispatch over slots [first, first + count) of a group item too
+    large for one: plan.TableGroup's fields, so the batch binds and
+    dispatches both alike."""
 
     pipeline: Pipeline
-    item: object  # plan.Prepared of the group job
+    item: object  # the group job's plan.Prepared
     first: int
     count: int
     in_offset: int = 0

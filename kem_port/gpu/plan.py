@@ -2,8 +2,9 @@
 workgroups (:func:`prepare`), then placed in the batch's shared buffers
 (:class:`BatchPlan`) and uploaded. Calls to a kernel that declares the call
 table are grouped (:class:`TableGroup`): one dispatch per group, outputs
-back to back (gpu/call_table.py); a group job of such a kernel is its own
-dispatch, or a few (gpu/group_table.py).
+back to back (gpu/call_table.py); a group job of such a kernel joins them,
+or past one dispatch's limits has chunked dispatches of its own
+(gpu/group_table.py).
 """
 
 from __future__ import annotations
