@@ -164,13 +164,15 @@ def test_groups_beside_single_calls_of_their_kernel_share_one_dispatch(tabled_po
     assert moved["table_dispatches"] == moved["batches"] <= 3
 
 
-@pytest.mark.parametrize("size,chunked", [(1024, True), (1025, False)], ids=["chunked", "single_calls"])
+@pytest.mark.parametrize("size,chunked", [(1024, True), (1028, True), (1025, False)], ids=["chunked", "chunked_aligned", "single_calls"])
 def test_a_group_over_one_row_of_workgroups(tabled_port, rng, size, chunked):
     """reversed_one (@workgroup_size(1)) covers 65,535 words a dispatch; 64
     slots of 4 KiB outputs are 65,536. 4,096-byte outputs: two dispatches
-    of 63 and 1 slots. 4,100-byte outputs: a chunk must hold a multiple of
-    64 slots to start the next on a binding's alignment, no dispatch holds
-    64, so the group goes as its single calls (sharing tables of their own).
+    of 63 and 1 slots. 4,112-byte outputs: chunks of a multiple of 16 slots
+    (so the next starts on a binding's 256-byte alignment), 48 and 16.
+    4,100-byte outputs: a chunk must hold a multiple of 64 slots, no
+    dispatch holds 64, so the group goes as its single calls (sharing
+    tables of their own).
     Either way every value is numpy's."""
     before = counts(tabled_port)
     got = run_group(tabled_port, rng, "reversed_one", 64, size, 4)
