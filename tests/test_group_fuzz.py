@@ -31,12 +31,13 @@ REASONS = {"bad_request", "bad_frame", "bad_args", "too_large", "overloaded", "k
 def fuzz_port():
     with start_port() as client:
         client.call("execute_kernel", b"double", bytes(4), 1)  # admitted: valid groups are one job
+        client.call("execute_kernel", b"double_table", bytes(4), 1)  # and of a call-table kernel, one dispatch
         yield client
 
 
 HINTS = st.one_of(st.sampled_from([1, 1, 2, 0, -1, 2**31 - 1, 2**31, 2**70, -(2**70)]), st.integers(-300, 300))
 ODD_HINTS = st.sampled_from([1.0, "atom", "binary", "list"])
-KERNEL_IDS = st.sampled_from([b"double", b"double", b"double", b"", b"no such kernel", b"x" * 129, b"double\x00", b"nope_" + b"a" * 20])
+KERNEL_IDS = st.sampled_from([b"double", b"double", b"double", b"double_table", b"", b"no such kernel", b"x" * 129, b"double\x00", b"nope_" + b"a" * 20])
 COUNTS = st.sampled_from([0, 1, 2, 3, 17, 256, 257, 300])
 MUTATIONS = st.sampled_from(["none", "none", "truncate", "flip_length", "trailing", "arity", "atom_ext", "odd_hint",
                              "odd_kernel_id", "entries_ragged", "inputs_ragged", "repeat_req_id"])
@@ -110,7 +111,7 @@ def hostile_groups(draw, fresh_ids):
         frame, named = frame + draw(st.binary(min_size=1, max_size=20)), False
     if draw(st.integers(0, 5)) == 0:  # as an item of a calls frame (a valid term, not what the node sends)
         frame = encode_calls([frame])
-    valid = mutation in ("none", "repeat_req_id") and kernel_id == b"double" and hint == 1 and 2 <= n <= 256 and mutation == "none"
+    valid = mutation in ("none", "repeat_req_id") and kernel_id in (b"double", b"double_table") and hint == 1 and 2 <= n <= 256 and mutation == "none"
     return frame, req_ids, named, (inputs if valid else None)
 
 

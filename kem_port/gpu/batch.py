@@ -157,6 +157,8 @@ class Stages:
             self._dispatch_plain(encoder, device, plan, in_buf, out_buf, u_buf)
             for table in plan.groups:
                 self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf)
+            if plan.group_tables:
+                self.stats.inc("table_group_jobs", plan.group_tables)
             encoder.end_pass()
             encoder.copy(out_buf, 0, flight.staging, 0, plan.out_total)
             if timing is not None:
@@ -207,20 +209,22 @@ class Stages:
             self.stats.inc("bind_group_hits", hits)
 
     def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf) -> None:
-        """One dispatch for a group of calls to a call-table kernel."""
+        """One dispatch for calls to a call-table kernel: single calls and
+        whole group jobs (plan.TableGroup), or a chunk of a large group job's
+        slots (group_table.SlotTable)."""
         encoder.set_pipeline(table.pipeline.pipeline)
         group = self.pipelines.bind_group(
             device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),
             None, (t_buf, table.table_offset, len(table.rows)),
         )
         encoder.set_bind_group(group)
-        if len(table.items) == 1:
+        if table.alone:
             encoder.dispatch(*table.items[0].groups)  # planned (and checked) like any call's
         else:
             width = table.pipeline.entry.workgroup_size[0]
             encoder.dispatch(*call_table.workgroups(table.words, width, self.device.dispatch_limits.max_per_dimension))
         self.stats.inc("table_dispatches")
-        self.stats.inc("table_calls", len(table.items))
+        self.stats.inc("table_calls", table.calls)
 
     def submit(self, flight: Flight) -> None:
         started = time.perf_counter()

@@ -27,6 +27,7 @@ from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
+from kem_port.gpu import group_table
 from kem_port.gpu.group_job import GroupJob
 from kem_port.gpu.lone_road import LoneRoad
 from kem_port.gpu.pipelines import Pipelines, gpu_message
@@ -175,9 +176,9 @@ class Executor:
                 continue
             try:
                 item = prepare(job)
-                if isinstance(job, GroupJob) and item.pipeline.tabled:
-                    # A call-table kernel lays out its own calls: the group's slots go as plain
-                    # calls, each prepared (and, should that fail, answered) on its own.
+                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu):
+                    # Too large for the call table (gpu/group_table.py): the group's slots go as
+                    # plain calls, each prepared (and, should that fail, answered) on its own.
                     pending.extend(job.split())
                 else:
                     ready.append(item)

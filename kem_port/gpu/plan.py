@@ -2,7 +2,9 @@
 workgroups (:func:`prepare`), then placed in the batch's shared buffers
 (:class:`BatchPlan`) and uploaded. Calls to a kernel that declares the call
 table are grouped (:class:`TableGroup`): one dispatch per group, outputs
-back to back (gpu/call_table.py).
+back to back (gpu/call_table.py); a group job of such a kernel joins them,
+or past one dispatch's limits has chunked dispatches of its own
+(gpu/group_table.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kem_port.gpu import call_table, contract
+from kem_port.gpu import call_table, contract, group_table
 from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -80,7 +82,8 @@ class BatchPreparer:
 @dataclass
 class TableGroup:
     """Calls to one call-table kernel that share one dispatch: the input
-    range bound for them, their outputs back to back, their table rows."""
+    range bound for them, their outputs back to back, their table rows.
+    Its items are single calls and whole group jobs (N rows each)."""
 
     pipeline: Pipeline
     items: list[Prepared] = field(default_factory=list)
@@ -91,28 +94,36 @@ class TableGroup:
     table_offset: int = 0
     rows: bytes = b""
     words: int = 0  # invocations that do work: one per output word
+    calls: int = 0  # rows
+    _out: int = 0  # output bytes so far
+
+    @property
+    def alone(self) -> bool:
+        """One call: dispatched as planned for it (a large one may spill into y)."""
+        return self.calls == 1
 
     def fits(self, item: Prepared, binding_limit: int, max_words: int) -> bool:
         """Whether `item` (a small one, after the others in the input) can join."""
         if not self.items:
             return True
-        span = item.in_offset + item.in_size - self.items[0].in_offset
-        out = sum(i.out_size for i in self.items) + item.out_size
+        span = group_table.input_end(item) - self.items[0].in_offset
+        out = self._out + item.job.calls * item.out_size
         shares = _small(item) and _small(self.items[0])  # a large call dispatches alone
         return shares and span <= binding_limit and out <= binding_limit and (out // 4) <= max_words
+
+    def add(self, item: Prepared) -> None:
+        self.items.append(item)
+        self.calls += item.job.calls
+        self._out += item.job.calls * item.out_size
 
     def lay_out(self, out_start: int, table_start: int) -> None:
         """Outputs from out_start, rows from table_start; the input range
         bound is the span of the group's inputs."""
         self.in_offset = self.items[0].in_offset
-        last = self.items[-1]
-        self.in_bytes = last.in_offset + last.in_size - self.in_offset
-        slots = [call_table.Slot(i.in_offset - self.in_offset, len(i.job.call.input), i.out_size) for i in self.items]
-        table = call_table.build(slots)
-        for item, offset in zip(self.items, table.output_offsets):
-            item.out_offset = out_start + offset
-        self.out_offset, self.out_bytes, self.words = out_start, table.output_bytes, table.items
-        self.table_offset, self.rows = table_start, table.rows
+        self.in_bytes = group_table.input_end(self.items[-1]) - self.in_offset
+        self.rows, self.words = group_table.shared_rows(self.items, self.in_offset, out_start)
+        self.out_offset, self.out_bytes = out_start, self.words * 4
+        self.table_offset = table_start
 
 
 def _small(item: Prepared) -> bool:
@@ -133,7 +144,7 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int) ->
         if group is None or not group.fits(item, binding_limit, max_words):
             group = open_groups[pipeline.serial] = TableGroup(pipeline)
             groups.append(group)
-        group.items.append(item)
+        group.add(item)
     return groups
 
 
@@ -162,7 +173,18 @@ class BatchPlan:
             item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
-        self.groups = _table_groups([i for i in items if i.pipeline.tabled], binding_limit, max_groups)
+        # Group jobs share a dispatch with the kernel's other calls, or past one
+        # dispatch's limits have chunks of their own (executor._prepare_all let in those that fit).
+        shared, self.groups = [], []
+        self.group_tables = 0
+        for item in (i for i in items if i.pipeline.tabled):
+            chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups) if item.job.calls > 1 else 1
+            self.group_tables += item.job.calls > 1
+            if chunk < item.job.calls:
+                self.groups += group_table.slot_tables(item, chunk)
+            else:
+                shared.append(item)
+        self.groups += _table_groups(shared, binding_limit, max_groups)
         t_total = 0
         for group in self.groups:
             group.lay_out(out_total, t_total)

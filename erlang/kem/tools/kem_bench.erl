@@ -2,7 +2,7 @@
 %%% against baselines measured in the same run (the original per-call
 %%% design, and kem's transport with no GPU). Prints a table, writes JSON.
 -module(kem_bench).
--export([run/2, rate/3, settle/0]).
+-export([run/2, rate/3, settle/0, run_coalesced/1]).
 
 -define(DOUBLE, <<"double">>).
 -define(SMALL, <<1, 3, 5, 7>>).
@@ -62,6 +62,16 @@ run(Mode, OutFile) ->
     print_coalesced(Coalesced),
     io:format("kem bench: wrote ~s~n", [OutFile]),
     ok.
+
+%% @doc The coalesced rows alone (`scripts/bench coalesced [quick|full]`):
+%% the same rows as run/2's `coalesced`, printed, for a quick look at calls
+%% per dispatch and the share of calls that went in group frames.
+-spec run_coalesced(quick | full) -> ok.
+run_coalesced(Mode) ->
+    logger:set_primary_config(level, error),
+    {ok, _} = application:ensure_all_started(kem),
+    settle(),
+    print_coalesced(coalesced(params(Mode))).
 
 params(quick) ->
     #{small_calls => 2000, seconds => 2, bulk_mb => [1, 16, 64], bulk_reps => 3, seed_calls => 20,
