@@ -12,6 +12,8 @@ import re
 
 from tree_sitter import Node
 
+from kem_port.gpu.wgsl_reflect import _walk as walk
+
 
 class Refused(Exception):
     """The kernel is not rewritten; the message says why (logged at debug)."""
@@ -35,14 +37,6 @@ class Edits:
             out += [self.data[at:start], text]
             at = end
         return b"".join(out + [self.data[at:]])
-
-
-def walk(node: Node):
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(reversed(n.children))
 
 
 def without_comments(root: Node, data: bytes) -> bytes:
