@@ -141,7 +141,7 @@ class FrameWriter:
         if results is None and len(payload) <= ONE_BUFFER_REPLY:
             # A reply alone (a lone call's): one buffer, one write. Through
             # write() it took 4.5 us (views, casts, sums); this 2.0 (timeit).
-            self._write_one(ok_binary_frame(req_id, payload))
+            self.write_one(ok_binary_frame(req_id, payload))
             return
         if results is not None and self.replies_frames and type(memoryview(payload).obj) is bytes:
             results.append((req_id, payload))
@@ -163,8 +163,8 @@ class FrameWriter:
             if held:
                 self._write(held)
 
-    def _write_one(self, data: bytes) -> None:
-        """One buffer, one os.write (a lone reply): no list of views for
+    def write_one(self, data: bytes) -> None:
+        """One framed buffer, one os.write (a lone reply): no list of views for
         writev to walk; a short write (a full pipe) finishes through
         write_all."""
         with self._lock:
