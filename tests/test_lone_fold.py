@@ -266,3 +266,15 @@ def test_device_loss_on_the_folded_road_is_answered_and_rebuilt(rng):
     assert len(executor.lone) == 0
     _warm(reader, data.tobytes())  # compiled again, a new kit
     assert _ok_value(reader.call(data.tobytes()), reader.ids) == (data * np.uint32(2)).tobytes()
+
+
+@pytest.mark.parametrize("size", [4, 5, 4096, 64 * 1024])
+def test_lone_calls_through_the_real_port_answer_numpys_values(port, rng, size):
+    """The port process as the node runs it, one call at a time with the
+    node's TimeoutMs (the shape the fold takes once the kit is built)."""
+    for _ in range(4):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        got = port.call_async("execute_kernel", b"double", data, 1, timeout_ms=60000).result(60)
+        assert got == reference.double(data, size)
+    stats = port.call_plain("stats")
+    assert stats["lone_kit_calls"] >= 3 and stats["inline_calls"] >= 3
