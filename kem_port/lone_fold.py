@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from time import monotonic, perf_counter
+from time import monotonic
 from typing import Any
 
 import wgpu
@@ -86,7 +86,6 @@ class LoneFold:
     def __call__(self, frame: bytes) -> bool:
         """Answer (or hand to today's road) a hot execute_kernel frame: True;
         False for any other frame, nothing done (the router reads it)."""
-        started = perf_counter()
         fields = execute_kernel_fields(frame)
         if fields is None:
             return False
@@ -130,7 +129,7 @@ class LoneFold:
             log.exception("lone call failed")
             self.stats.bump(_COUNTED)
             return True
-        self.lone.count_known(started, _COUNTED)
+        self.lone.count_known(_COUNTED)
         return True
 
     def _source(self, kernel_id: str) -> KernelSource | None:

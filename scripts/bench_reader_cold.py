@@ -48,7 +48,7 @@ class AnsweredAtOnce:
             self.streamed.sum()
         return (np.frombuffer(data, np.uint32) * np.uint32(2)).tobytes()
 
-    def count_known(self, since: float, extra) -> None:
+    def count_known(self, extra) -> None:
         self.stats.bump(extra)
 
     def install(self, executor) -> None:

@@ -9,6 +9,8 @@ answered as today's road answers them."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -278,3 +280,23 @@ def test_lone_calls_through_the_real_port_answer_numpys_values(port, rng, size):
         assert got == reference.double(data, size)
     stats = port.call_plain("stats")
     assert stats["lone_kit_calls"] >= 3 and stats["inline_calls"] >= 3
+
+
+def test_a_call_sent_to_todays_road_keeps_its_deadline(reader, rng):
+    """The GPU thread busy (its lock held): the fold hands the call to
+    today's road with the node's deadline, so a call whose 1 ms passes in
+    the queue hears timeout, and one with time left is answered."""
+    loop, inline = reader.router.loop, reader.stats.count("inline_calls")
+    late, fine = (rng.integers(0, 2**32, 4, dtype=np.uint32) for _ in range(2))
+    with loop.executor_lock:
+        late_id = reader.send(late.tobytes(), timeout_ms=1)
+        reader.handle_next()
+        fine_id = reader.send(fine.tobytes())
+        reader.handle_next()
+        assert reader.stats.count("inline_calls") == inline  # both went to the GPU thread's queue
+        time.sleep(0.05)
+    replies = {reply[1]: reply for reply in (reader.reply(), reader.reply())}
+    tag, _, (error, (reason, _)) = replies[late_id]
+    assert (error, reason) == (terms.atom("error"), terms.atom("timeout"))
+    assert _ok_value(replies[fine_id], fine_id) == (fine * np.uint32(2)).tobytes()
+    _gpu_thread_idle(reader)

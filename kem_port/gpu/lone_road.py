@@ -135,12 +135,11 @@ class LoneRoad:
         finally:
             self._busy.release()
 
-    def count_known(self, since: float, extra: tuple[tuple[str, int], ...]) -> None:
-        """Count the last run_known call as run counts one (`since`: when
-        its caller took it up), with the caller's `extra` counters under
-        the same lock."""
+    def count_known(self, extra: tuple[tuple[str, int], ...]) -> None:
+        """Count the last run_known call as run counts one (it waited in no
+        queue), with the caller's `extra` counters under the same lock."""
         kit, started, encoded, submitted, waited, blocked = self._last
-        self._count(extra, since, kit, False, started, encoded, submitted, waited, blocked)
+        self._count(extra, started, kit, False, started, encoded, submitted, waited, blocked)
 
     def _call(self, kit: Kit, key: tuple, data: bytes, params: bytes | None, groups: tuple[int, int, int]) -> tuple[bytes, tuple]:
         """The call's native calls on its kit: the result and when each stage
