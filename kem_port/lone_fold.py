@@ -105,7 +105,15 @@ class LoneFold:
         source = result = failed = None
         try:
             if not self.queued:
-                source = self._source(kernel_id)
+                try:  # the kernel's local source, admitted: anything else is today's road's to decide
+                    for store in self.stores:
+                        source = store.lookup(kernel_id)  # its os.stat: an edited kernel takes effect at once
+                        if source is not None:
+                            break
+                    if source is not None and self.admitted is not None:
+                        source = self.admitted.get((source.sha256, "main", False))
+                except Exception:  # today's road meets it again, as it always has
+                    source = None
                 if source is not None:
                     self.loop.inline_tag = req_id
                     try:
@@ -131,19 +139,6 @@ class LoneFold:
             return True
         self.lone.count_known(_COUNTED)
         return True
-
-    def _source(self, kernel_id: str) -> KernelSource | None:
-        """The kernel's local source, admitted; None (today's road decides:
-        a fetch, an admission, a refusal) for any other answer."""
-        try:
-            for store in self.stores:
-                source = store.lookup(kernel_id)  # its os.stat: an edited kernel takes effect at once
-                if source is not None:
-                    admitted = self.admitted
-                    return source if admitted is None else admitted.get((source.sha256, "main", False))
-        except Exception:  # today's road raises it again, as it always has
-            return None
-        return None
 
     def _today(self, req_id: int, kernel_id: str, data: bytes, out: int, timeout_ms: int) -> bool:
         """Today's road from intake.submit on, as the router takes a hot call."""

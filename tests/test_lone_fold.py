@@ -300,3 +300,15 @@ def test_a_call_sent_to_todays_road_keeps_its_deadline(reader, rng):
     assert (error, reason) == (terms.atom("error"), terms.atom("timeout"))
     assert _ok_value(replies[fine_id], fine_id) == (fine * np.uint32(2)).tobytes()
     _gpu_thread_idle(reader)
+
+
+def test_a_kernel_file_that_cannot_be_read_is_todays_refusal(tmp_path, monkeypatch):
+    """A kernel file that is not UTF-8 (the store refuses it while the
+    fold looks the kernel up): today's road answers, with today's reply."""
+    (tmp_path / "not_text.wgsl").write_bytes(b"\xff\xfe\x00kernel")
+    reader = Reader(Config(kernel_dir=tmp_path))
+    _warm(reader, bytes(4))
+    folded, today = _both_roads(reader, _call_frame(31, b"not_text", bytes(4), 1, 60000), monkeypatch)
+    assert folded == today
+    tag, req_id, (error, (reason, _)) = terms.decode(folded)
+    assert (req_id, error, reason) == (31, terms.atom("error"), terms.atom("bad_kernel"))
