@@ -9,6 +9,7 @@ answered as today's road answers them."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -18,6 +19,7 @@ import reference
 from kem_port import terms
 from kem_port.config import Config
 from kem_port.framing import read_frame
+from kem_port.stdio_guard import input_waiting, spin_for_input
 from test_reader_lone import Reader, _gpu_thread_idle, _ok_value
 
 # An input binding smaller than this array passes kem's checks and fails in
@@ -312,3 +314,26 @@ def test_a_kernel_file_that_cannot_be_read_is_todays_refusal(tmp_path, monkeypat
     assert folded == today
     tag, req_id, (error, (reason, _)) = terms.decode(folded)
     assert (req_id, error, reason) == (31, terms.atom("error"), terms.atom("bad_kernel"))
+
+
+def test_the_readers_spin_ends_when_a_frame_waits_or_its_time_is_up():
+    """stdio_guard.spin_for_input (KEM_READ_SPIN_US): it returns as soon as
+    bytes wait in the pipe, and, with none, once its time has passed."""
+    pipe_in, pipe_out = os.pipe()
+    try:
+        waiting = input_waiting(pipe_in)
+        started = time.perf_counter()
+        spin_for_input(waiting, 0.02)
+        assert time.perf_counter() - started >= 0.02 and not waiting()
+        os.write(pipe_out, b"\0\0\0\0")
+        started = time.perf_counter()
+        spin_for_input(waiting, 30.0)  # would hold the test for 30 s if it ignored the waiting bytes
+        assert time.perf_counter() - started < 10.0 and waiting()
+    finally:
+        os.close(pipe_in)
+        os.close(pipe_out)
+
+
+def test_the_read_spin_is_a_setting():
+    assert Config().read_spin_us == 50
+    assert Config.from_env({"KEM_READ_SPIN_US": "0"}).read_spin_us == 0
