@@ -50,7 +50,7 @@ class GpuLoop:
         self._gathered = gathered
         # Held by whichever thread runs the executor: the GPU thread for
         # batches, the reader for an inline call.
-        self._executor_lock = threading.Lock()
+        self._executor_lock = self.executor_lock = threading.Lock()  # public: the folded lone road takes it (lone_fold.py)
         self.queue: queue.Queue[Job | Control] = queue.Queue(maxsize=queue_limit)
         self.sizer = BatchSizer(max_batch)
         self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
@@ -58,6 +58,9 @@ class GpuLoop:
         # caller's port is killed only when its own call is running).
         self._running: list[Job] = []
         self._control_tag: object = None
+        # The tag of the call the reader runs inline now (run_inline, or the
+        # folded road, lone_fold.py), set without a lock: one store each way.
+        self.inline_tag: object = None
 
     def start(self) -> None:
         self._thread.start()
@@ -81,7 +84,7 @@ class GpuLoop:
         ("queued", calls ahead of it), or None when it is in neither."""
         if tag is None:
             return None
-        if tag == self._control_tag or any(job.has_tag(tag) for job in list(self._running)):
+        if tag == self.inline_tag or tag == self._control_tag or any(job.has_tag(tag) for job in list(self._running)):
             return "running", 0
         with self.queue.mutex:
             waiting = list(self.queue.queue)
@@ -109,6 +112,7 @@ class GpuLoop:
             # either way.
             if self.queue.queue:
                 return False
+            self.inline_tag = job.tag
             if self.executor.run_lone(job):  # its kit (gpu/lone_road.py): one reply, written at once
                 return True
             # One gathered write for both steps (a refusal in the first, the
@@ -120,6 +124,7 @@ class GpuLoop:
                     self._learn(flight)
             return True
         finally:
+            self.inline_tag = None
             self._executor_lock.release()
 
     def run_control_inline(self, control: Control) -> bool:

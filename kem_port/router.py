@@ -29,6 +29,7 @@ from kem_port.gpu.executor import Executor
 from kem_port.gpu_loop import GpuLoop
 from kem_port.intake import Intake
 from kem_port.kernel_store import KernelResolver
+from kem_port.lone_fold import LoneFold
 from kem_port.session_methods import SessionMethods
 from kem_port.protocol import (
     INLINE_METHODS,
@@ -71,6 +72,7 @@ class Router:
         self.health = Health(executor, config)
         self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
         self.intake.writer = writer  # group jobs answer many at once (group_calls.py)
+        self.fold = LoneFold(self, input_waiting)  # the hot lone call's road, folded (lone_fold.py)
 
     def start(self) -> None:
         self.loop.start()
@@ -102,6 +104,8 @@ class Router:
         """One frame off the pipe: a request, or a calls frame of many
         (batch_frames.py), each of whose requests is read as a frame of its
         own; their kernel calls reach the GPU queue together."""
+        if self.fold(frame):
+            return
         if group_frames.is_group_frame(frame):
             self._handle_group(frame)
             return
@@ -229,16 +233,7 @@ class Router:
             self.reply_ok(req_id, self.describe_config())
 
     def describe_config(self) -> dict:
-        remote = self.resolver.remote.describe() if self.resolver.remote else {}
-        return {
-            "kernel_dirs": len(self.resolver.local),  # a count: paths stay in the log
-            "max_output_bytes": self.config.max_output_bytes,
-            "max_input_bytes": self.config.max_input_bytes,
-            "queue_limit": self.config.queue_limit,
-            "queue_bytes": self.config.queue_bytes,
-            "max_batch": self.config.max_batch,
-            **remote,
-        }
+        return describe_config(self.config, self.resolver)
 
     def _live_stats(self) -> dict:
         live: dict[str, Any] = self.loop.describe() | self.intake.describe()
@@ -247,3 +242,17 @@ class Router:
             live.update(self.resolver.remote.describe_stats())  # type: ignore[attr-defined]
         return live
 
+
+
+def describe_config(config: Config, resolver: KernelResolver) -> dict:
+    """What the `config` method answers (and adapter_info under "kem")."""
+    remote = resolver.remote.describe() if resolver.remote else {}
+    return {
+        "kernel_dirs": len(resolver.local),  # a count: paths stay in the log
+        "max_output_bytes": config.max_output_bytes,
+        "max_input_bytes": config.max_input_bytes,
+        "queue_limit": config.queue_limit,
+        "queue_bytes": config.queue_bytes,
+        "max_batch": config.max_batch,
+        **remote,
+    }

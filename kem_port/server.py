@@ -28,7 +28,7 @@ from kem_port.kernel_store import KernelResolver, default_stores
 from kem_port.native_stderr import CapturedStderr, forward
 from kem_port.router import Router
 from kem_port.stats import Stats
-from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting
+from kem_port.stdio_guard import die_with_parent, exit_on_hangup, input_waiting, spin_for_input
 
 log = logging.getLogger("kem_port")
 PORT_THREAD_STACK = 4 * COMPILE_STACK_BYTES
@@ -89,12 +89,16 @@ def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> in
     # RLIMIT_STACK the node runs under (admission/worker.py).
     threading.stack_size(PORT_THREAD_STACK)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
-    router = Router(config, stats, executor, resolver, writer, input_waiting(in_fd), guard_from_config(config, stats))
+    waiting = input_waiting(in_fd)
+    router = Router(config, stats, executor, resolver, writer, waiting, guard_from_config(config, stats))
     router.health.opened(open_error)
     router.start()
     limit = max(config.max_frame_bytes, MAX_CALLS_FRAME_BYTES)
+    spin_s = config.read_spin_us / 1e6
     try:
         while True:
+            if spin_s:  # awake when a lone caller's next call comes (stdio_guard.spin_for_input)
+                spin_for_input(waiting, spin_s)
             try:
                 frame = read_frame(in_fd, limit)
             except OversizedFrame as exc:

@@ -15,6 +15,8 @@ import os
 import select
 import sys
 import threading
+import time
+from functools import partial
 
 
 def claim_protocol_fds() -> tuple[int, int]:
@@ -68,12 +70,24 @@ def exit_on_hangup(fd: int) -> threading.Thread:
     return thread
 
 
-def input_waiting(fd: int) -> Callable[[], bool]:
-    """A cheap check (one zero-timeout poll) for bytes already in the pipe."""
+def input_waiting(fd: int) -> Callable[[], list]:
+    """A cheap check (one zero-timeout poll) for bytes already in the pipe:
+    a non-empty (true) list when some wait. The poll itself, not a function
+    around it: a lone call asks once, where each Python call costs ~1 us
+    with the caches cold (docs/benchmarks.md)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
+    return partial(poller.poll, 0)
 
-    def waiting() -> bool:
-        return bool(poller.poll(0))
 
-    return waiting
+def spin_for_input(waiting: Callable[[], object], seconds: float) -> None:
+    """Poll (input_waiting's poll) until bytes wait or `seconds` pass, so
+    that the read that follows finds them instead of putting the thread to
+    sleep: from Erlang on the dev machine, 50 us took one caller from
+    4.5-4.8k to 5.5-6.2k calls/s (`scripts/bench wire 3`, alternating; the
+    echo port's 11-12k -> 28-34k), 64 callers within the runs' noise; 100
+    us cost 64 callers ~15% (docs/benchmarks.md, "The reader's spin")."""
+    clock = time.perf_counter
+    end = clock() + seconds
+    while not waiting() and clock() < end:
+        pass

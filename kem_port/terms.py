@@ -146,7 +146,7 @@ def _split_reply_template() -> tuple[bytes, bytes]:
     return whole[:start], whole[start + len(zero) : -4]
 
 
-_REPLY_HEAD, _REPLY_TAIL = _split_reply_template()
+REPLY_HEAD, REPLY_TAIL = _split_reply_template()
 
 
 def _binary_reply_prefix(req_id: Any) -> bytes:
@@ -158,13 +158,13 @@ def _binary_reply_prefix(req_id: Any) -> bytes:
     Encoding the whole envelope with erlang-py cost 11 us a reply; this
     costs one integer encode (scripts/bench_codec.py).
     """
-    return _REPLY_HEAD + _req_id_term(req_id) + _REPLY_TAIL
+    return REPLY_HEAD + req_id_term(req_id) + REPLY_TAIL
 
 
-_SMALL_INTS = tuple(bytes((97, n)) for n in range(256))  # SMALL_INTEGER_EXT
+SMALL_INTS = tuple(bytes((97, n)) for n in range(256))  # SMALL_INTEGER_EXT
 
 
-def _req_id_term(req_id: Any) -> bytes:
+def req_id_term(req_id: Any) -> bytes:
     """ETF of a ReqId, less the version byte: the node's integers in the
     two fixed forms erlang-py gives them (SMALL_INTEGER_EXT, INTEGER_EXT),
     anything else through erlang-py. 0.1-0.2 us against 0.7 us for
@@ -172,13 +172,13 @@ def _req_id_term(req_id: Any) -> bytes:
     the prefix with the library's on random ReqIds."""
     if type(req_id) is int:
         if 0 <= req_id < 256:
-            return _SMALL_INTS[req_id]
+            return SMALL_INTS[req_id]
         if -(1 << 31) <= req_id < (1 << 31):
             return b"b" + req_id.to_bytes(4, "big", signed=True)
     return encode(req_id)[1:]
 
 
-_LENGTH = struct.Struct(">I")  # a frame's or a binary's length
+LENGTH = struct.Struct(">I")  # a frame's or a binary's length
 
 
 def ok_binary_frame(req_id: Any, payload: bytes | memoryview) -> bytes:
@@ -187,9 +187,9 @@ def ok_binary_frame(req_id: Any, payload: bytes | memoryview) -> bytes:
     function, as it runs after the GPU wait with the caches cold, where
     each Python call costs ~1 us (docs/benchmarks.md)."""
     size = len(payload)
-    req = _req_id_term(req_id)
-    return b"".join((_LENGTH.pack(len(_REPLY_HEAD) + len(req) + len(_REPLY_TAIL) + 4 + size),
-                     _REPLY_HEAD, req, _REPLY_TAIL, _LENGTH.pack(size), payload))
+    req = req_id_term(req_id)
+    return b"".join((LENGTH.pack(len(REPLY_HEAD) + len(req) + len(REPLY_TAIL) + 4 + size),
+                     REPLY_HEAD, req, REPLY_TAIL, LENGTH.pack(size), payload))
 
 
 def ok_binary_reply(req_id: Any, payload: bytes | memoryview) -> list[bytes | memoryview]:

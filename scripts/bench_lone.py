@@ -72,7 +72,10 @@ EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
 # The Router row's split: the frame read off its pipe, then decoded and
 # checked (and the counting around it), intake (budget, source, admission, job, inline decision), the
 # executor's road without the reply, and the reply's encoding and write.
-ROUTER_STAGES = ("reader_read", "reader_parse", "reader_intake", "gpu_road", "reader_reply")
+# On the folded road (lone_fold.py) the counters after the reply's write
+# are reader_after (hidden behind the reply's trip to the node); on today's
+# road they are inside intake (0 there).
+ROUTER_STAGES = ("reader_read", "reader_parse", "reader_intake", "gpu_road", "reader_reply", "reader_after")
 U = wgpu.BufferUsage
 
 
@@ -216,16 +219,26 @@ class RouterLone:
         while stats.count("batches") == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
-        # Where the reader's time goes, from three timed points (each adds
-        # ~0.2 us): intake.submit, the executor's road (run_lone, or step
-        # where the revision has no kits; the reply is written inside it)
-        # and the reply's write.
+        # Where the reader's time goes, from timed points (each adds ~0.2
+        # us). Today's road: intake.submit, the executor's road (run_lone,
+        # or step where the revision has no kits; the reply is written
+        # inside it) and the reply's write. The folded road (lone_fold.py,
+        # where the revision has it): the end of its field read, the kit's
+        # call (LoneRoad.run_known) and the end of the reply's write.
         self._timed: list[float] | None = None
         self._time(self.router.intake, "submit", 0)
         self._time(executor, "run_lone" if hasattr(executor, "run_lone") else "step", 1)
         self._time(self.router.writer, "write_result", 2)
+        self.folded = hasattr(self.router, "fold")
+        if self.folded:
+            fold = importlib.import_module(f"{package}.lone_fold")
+            self._time(fold, "execute_kernel_fields", 3, end=True)
+            self._time(executor.lone, "run_known", 4)
+            self._time(self.router.fold, "write_one", 5, end=True)
+            self._time(executor.lone, "run_known", 6, end=True)  # wraps the timer above: when it ended
 
-    def _time(self, owner, name: str, slot: int) -> None:
+    def _time(self, owner, name: str, slot: int, end: bool = False) -> None:
+        """Add a call's time to its slot (or, with `end`, note when it returned)."""
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
@@ -234,7 +247,8 @@ class RouterLone:
                 return inner(*args, **kwargs)
             finally:
                 if self._timed is not None:
-                    self._timed[slot] += time.perf_counter() - started
+                    now = time.perf_counter()
+                    self._timed[slot] = now if end else self._timed[slot] + now - started
 
         setattr(owner, name, timed)
 
@@ -248,14 +262,18 @@ class RouterLone:
         inline = self.stats.count("inline_calls")
         kits = self.stats.count("lone_kit_calls")
         os.write(self.pipe_out, self.header.pack(len(frame)) + frame)
-        self._timed = [0.0, 0.0, 0.0]
+        self._timed = [0.0] * 7
         started = time.perf_counter()
         got = self.read_frame(self.pipe_in, 1 << 20)
         read = time.perf_counter()
         self.router.handle_frame(got)
         done = time.perf_counter()
-        (submit, road, reply), self._timed = self._timed, None
-        parts = (read - started, done - read - submit, submit - road, road - reply, reply)
+        (submit, road, reply, parsed, known, written, known_end), self._timed = self._timed, None
+        if known and written:  # the folded road: parse to the fields' end, reply from the kit's end to the write's
+            reply, after = written - known_end, done - written
+            parts = (read - started, parsed - read, known_end - known - parsed, known, reply, after)
+        else:
+            parts = (read - started, done - read - submit, submit - road, road - reply, reply, 0.0)
         for stage, seconds in zip(ROUTER_STAGES, parts):
             self.stages[stage].append(seconds)
         elapsed = done - started

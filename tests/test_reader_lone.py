@@ -8,6 +8,7 @@ reader's lock-free counters lose nothing beside locked ones."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -25,29 +26,35 @@ from kem_port.router import Router
 from kem_port.stats import Stats
 from kem_port.stdio_guard import input_waiting
 
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+
 
 class Reader:
     """A Router as the port builds one, with pipes on both sides."""
 
-    def __init__(self) -> None:
-        config = Config()
+    def __init__(self, config: Config | None = None) -> None:
+        config = config or Config()
         self.stats = Stats()
         executor = Executor(config, self.stats)
         executor.open()
         self.pipe_in, self.pipe_out = os.pipe()  # frames to the router
         self.replies_in, replies_out = os.pipe()  # its replies
-        resolver = KernelResolver(default_stores(None), None)
+        for fd in (self.pipe_out, replies_out):  # room for a 64 KiB call and its reply, written before they are read
+            fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+        resolver = KernelResolver(default_stores(config.kernel_dir), None)
         self.router = Router(config, self.stats, executor, resolver, FrameWriter(replies_out),
                              input_waiting(self.pipe_in), guard_from_config(config, self.stats))
         self.router.start()
         self.ids = 0
 
-    def send(self, data: bytes, hint: int = 1) -> int:
+    def send(self, data: bytes, hint: int = 1, kernel: bytes = b"double", timeout_ms: int = 60000) -> int:
         self.ids += 1
-        args = tuple(terms.to_term(a) for a in (b"double", data, hint))
-        frame = terms.encode((terms.atom("call"), self.ids, terms.atom("execute_kernel"), args, 60000))
-        os.write(self.pipe_out, HEADER.pack(len(frame)) + frame)
+        args = tuple(terms.to_term(a) for a in (kernel, data, hint))
+        self.send_frame(terms.encode((terms.atom("call"), self.ids, terms.atom("execute_kernel"), args, timeout_ms)))
         return self.ids
+
+    def send_frame(self, frame: bytes) -> None:
+        os.write(self.pipe_out, HEADER.pack(len(frame)) + frame)
 
     def handle_next(self) -> None:
         self.router.handle_frame(read_frame(self.pipe_in, 1 << 24))

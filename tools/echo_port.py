@@ -21,9 +21,15 @@ def main() -> int:
     from kem_port.framing import FrameWriter, read_frame
     from kem_port.group_frames import read_fields, req_ids_of
 
+    from kem_port.config import Config
+    from kem_port.stdio_guard import input_waiting, spin_for_input
+
     answer = answerer()
     writer = FrameWriter(out_fd)
+    waiting, spin_s = input_waiting(in_fd), Config.from_env().read_spin_us / 1e6  # the port's reader spins alike
     while True:
+        if spin_s:
+            spin_for_input(waiting, spin_s)
         frame = read_frame(in_fd, 1 << 31)
         if frame is None:
             os._exit(0)

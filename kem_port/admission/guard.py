@@ -54,6 +54,7 @@ class CompileGuard:
         self.rejects = rejects
         self.stats = stats
         self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
+        self.admitted = self._admitted  # read by the folded lone road (lone_fold.py): one lookup, no call
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
         self._worker: CompileWorker | None = None
         self._spawning: threading.Thread | None = None

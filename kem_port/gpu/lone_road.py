@@ -64,6 +64,7 @@ class LoneRoad:
         self._path: NativePath | None = None
         self._zeros: Any = None
         self._busy = threading.Lock()  # one call on the kits at a time, whoever calls
+        self._last: tuple = ()  # run_known's kit and stage stamps, for count_known
 
     def __len__(self) -> int:
         return sum(1 for kit in self._kits.values() if kit is not _NO_KIT)
@@ -112,8 +113,33 @@ class LoneRoad:
             groups = plan_dispatch(kit.entry, call.output_size, call.param_words, None, kit.limits)
         result, stamps = self._call(kit, key, call.input, params, groups)
         job.answer(memoryview(result))
-        self._count(job, kit, fresh, started, *stamps)
+        self._count((), job.enqueued, kit, fresh, started, *stamps)
         return True
+
+    def run_known(self, key: tuple, data: bytes) -> bytes | None:
+        """The folded lone call (lone_fold.py): its result off a kit already
+        built for its shape (`key` as _run makes it, no params) on the
+        current device, or None with nothing done (no such kit, the device
+        changed, a call already on the road): the caller then takes the
+        road through run. Raises what run raises; count_known counts it
+        once the reply is written. No Job: the caller answers."""
+        kit = self._kits.get(key)
+        if kit is None or kit is _NO_KIT or self.gpu.device is not self._device or not self._busy.acquire(blocking=False):
+            return None
+        try:
+            self._kits.move_to_end(key)
+            started = time.perf_counter()
+            result, stamps = self._call(kit, key, data, None, kit.groups)
+            self._last = (kit, started, *stamps)
+            return result
+        finally:
+            self._busy.release()
+
+    def count_known(self, extra: tuple[tuple[str, int], ...]) -> None:
+        """Count the last run_known call as run counts one (it waited in no
+        queue), with the caller's `extra` counters under the same lock."""
+        kit, started, encoded, submitted, waited, blocked = self._last
+        self._count(extra, started, kit, False, started, encoded, submitted, waited, blocked)
 
     def _call(self, kit: Kit, key: tuple, data: bytes, params: bytes | None, groups: tuple[int, int, int]) -> tuple[bytes, tuple]:
         """The call's native calls on its kit: the result and when each stage
@@ -137,16 +163,17 @@ class LoneRoad:
             raise
         return result, (encoded, submitted, waited, blocked)
 
-    def _count(self, job: Job, kit: Kit, fresh: bool, started: float, encoded: float, submitted: float, waited: float,
-               blocked: bool) -> None:
-        """The batch road's counters and stage timers for this call, under
-        one acquisition of the stats lock (a kit's first call counted its
-        pipeline hit in prepare, and made its bind group)."""
+    def _count(self, extra: tuple, enqueued: float, kit: Kit, fresh: bool, started: float, encoded: float, submitted: float,
+               waited: float, blocked: bool) -> None:
+        """The batch road's counters and stage timers for this call (and
+        the caller's `extra` counters), under one acquisition of the stats
+        lock (a kit's first call counted its pipeline hit in prepare, and
+        made its bind group)."""
         done = time.perf_counter()
         self.stats.bump(
             (("lone_kit_calls", 1), ("pipeline_hits", not fresh), ("bind_group_hits", not fresh), ("bytes_in", kit.in_len),
-             ("bytes_out", kit.out_len), ("gpu_waits_blocked", blocked)),
-            (("queue_wait", started - job.enqueued), ("upload_encode", encoded - started), ("submit", submitted - encoded),
+             ("bytes_out", kit.out_len), ("gpu_waits_blocked", blocked), *extra),
+            (("queue_wait", started - enqueued), ("upload_encode", encoded - started), ("submit", submitted - encoded),
              ("gpu_wait", waited - submitted), ("readback", done - waited)),
             batch_size=1,
         )
