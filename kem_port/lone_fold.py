@@ -46,13 +46,11 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
-import wgpu
-
 from kem_port import log_frames
 from kem_port.budget import WorkBudget
 from kem_port.errors import KemError
 from kem_port.gpu.calls import Job, KernelCall
-from kem_port.gpu.executor import is_device_lost
+from kem_port.gpu.executor import lone_failed
 from kem_port.gpu_loop import SMALL_CALL
 from kem_port.kernel_store import KernelSource
 from kem_port.protocol import KERNEL_ID_BYTES, MAX_REQ_ID
@@ -154,19 +152,9 @@ class LoneFold:
         return True
 
     def _failed(self, job: Job, exc: Exception) -> None:
-        """A kit's failure, by Executor.run_lone's rules: the caller's own
-        error, a GPU failure (Executor._gpu_failure: a lost device is
-        rebuilt, its kits go too), or a bug answered ``internal``. The rule
-        is the executor's own, called, not copied (gpu/executor.py is
-        another branch's file this round: Executor.lone_failed, shared with
-        run_lone, is the lead's to make)."""
-        if isinstance(exc, KemError):
-            job.refuse(exc)
-        elif isinstance(exc, wgpu.GPUError) or is_device_lost(exc):
-            self.executor._gpu_failure([job], exc)
-        else:
-            log.exception("lone call failed")
-            job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
+        """A kit's failure, by the executor's lone-call rules (a lost device
+        is rebuilt, its kits go too)."""
+        lone_failed(self.executor, job, exc)
 
     def _job(self, req_id: int, kernel_id: str, data: bytes, out: int, source: KernelSource | None) -> Job:
         """A job for a failed call, answered by today's rules (its refusal as inline_call's)."""

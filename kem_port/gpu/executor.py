@@ -140,14 +140,8 @@ class Executor:
         error, or a GPU failure (device loss rebuilds; the kits go too)."""
         try:
             return self.lone.run(job)
-        except KemError as exc:
-            job.refuse(exc)
         except Exception as exc:
-            if isinstance(exc, wgpu.GPUError) or is_device_lost(exc):
-                self._gpu_failure([job], exc)
-            else:  # a bug, answered as gpu_loop answers one on the batch road
-                log.exception("lone call failed")
-                job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
+            lone_failed(self, job, exc)
         return True
 
     def _land(self, flight: Flight | None) -> None:
@@ -245,3 +239,16 @@ class Executor:
         flight.release()
         for job in flight.jobs:
             job.refuse(error)
+
+
+def lone_failed(executor: Executor, job: Job, exc: Exception) -> None:
+    """A lone call's failure (Executor.run_lone, lone_fold): the caller's
+    own error, a GPU failure (a lost device is rebuilt, its kits go too),
+    or a bug answered as gpu_loop answers one on the batch road."""
+    if isinstance(exc, KemError):
+        job.refuse(exc)
+    elif isinstance(exc, wgpu.GPUError) or is_device_lost(exc):
+        executor._gpu_failure([job], exc)
+    else:
+        log.exception("lone call failed")
+        job.refuse(KemError("internal", f"{type(exc).__name__}: {exc}"))
