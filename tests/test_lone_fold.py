@@ -335,5 +335,6 @@ def test_the_readers_spin_ends_when_a_frame_waits_or_its_time_is_up():
 
 
 def test_the_read_spin_is_a_setting():
-    assert Config().read_spin_us == 50
+    assert Config().read_spin_us == 0
+    assert Config.from_env({"KEM_READ_SPIN_US": "50"}).read_spin_us == 50
     assert Config.from_env({"KEM_READ_SPIN_US": "0"}).read_spin_us == 0
