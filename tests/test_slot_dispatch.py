@@ -107,8 +107,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
+# The same in WGSL's short type names (vec4f, vec3u).
+VEC4F_SCALE = VEC4_SCALE.replace("vec4<f32>", "vec4f").replace("vec3<u32>", "vec3u")
+
 KERNELS = {
-    "vec4_scale": VEC4_SCALE, "reverse": REVERSE, "unguarded": UNGUARDED, "histogram": HISTOGRAM,
+    "vec4_scale": VEC4_SCALE, "vec4f_scale": VEC4F_SCALE, "reverse": REVERSE, "unguarded": UNGUARDED, "histogram": HISTOGRAM,
     "workgroup_sum": WORKGROUP_SUM, "sees_z": SEES_Z, "structs": STRUCTS,
 }
 
@@ -116,7 +119,7 @@ KERNELS = {
 def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
     """numpy's answer for one call on input words x, out_words long."""
     out = np.zeros(out_words, np.uint32)
-    if name == "vec4_scale":
+    if name in ("vec4_scale", "vec4f_scale"):
         f = x.view(np.float32)[: len(x) // 4 * 4].reshape(-1, 4)
         got = (f * np.float32(2.5) + np.arange(len(f), dtype=np.float32)[:, None]).astype(np.float32)
         out[: got.size] = got.reshape(-1).view(np.uint32)
@@ -160,11 +163,11 @@ def run_group(port, name: str, inputs: list[np.ndarray], hint: int) -> list[byte
     return [f.result(60) for f in futures]
 
 
-@pytest.mark.parametrize("name", ["vec4_scale", "reverse", "unguarded", "histogram", "workgroup_sum", "sees_z"])
+@pytest.mark.parametrize("name", ["vec4_scale", "vec4f_scale", "reverse", "unguarded", "histogram", "workgroup_sum", "sees_z"])
 @pytest.mark.parametrize("calls,words,hint", [(2, 16, 1), (9, 59, 1), (33, 300, 2), (64, 4, 3)])
 def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, calls, words, hint):
     inputs = [rng.integers(0, 2**32, words, dtype=np.uint32) for _ in range(calls)]
-    if name == "vec4_scale":  # finite floats
+    if name in ("vec4_scale", "vec4f_scale"):  # finite floats
         inputs = [rng.uniform(-1e3, 1e3, words).astype(np.float32).view(np.uint32) for _ in range(calls)]
     before = slot_dispatches(slot_port)
     got = run_group(slot_port, name, inputs, hint)

@@ -56,6 +56,8 @@ ELEMENT_STRIDES = {
     "vec3<u32>": 16, "vec3<i32>": 16, "vec3<f32>": 16,
     "vec4<u32>": 16, "vec4<i32>": 16, "vec4<f32>": 16,
 }
+# WGSL's predeclared aliases (vec4f is vec4<f32>): the same strides.
+ELEMENT_STRIDES.update({f"vec{n}{s}": ELEMENT_STRIDES[f"vec{n}<{t}>"] for n in (2, 3, 4) for s, t in (("u", "u32"), ("i", "i32"), ("f", "f32"))})
 OUTPUT_ONLY_STRIDES = {"atomic<u32>": 4, "atomic<i32>": 4}
 ADJUSTED_BUILTINS = ("global_invocation_id", "workgroup_id", "num_workgroups")
 
@@ -138,7 +140,7 @@ def _adjust_entry(fn: Node, workgroup_z: int, edits: Edits) -> None:
         ident, type_ = decl.child(0), next((c for c in decl.children if c.type == "type_declaration"), None)
         if builtin not in ADJUSTED_BUILTINS:
             continue
-        if type_ is None or "".join(type_.text.decode().split()) != "vec3<u32>":
+        if type_ is None or "".join(type_.text.decode().split()) not in ("vec3<u32>", "vec3u"):
             raise Refused(f"builtin {builtin} is not declared vec3<u32>")
         name = ident.text.decode()
         raw = "kem_raw_" + name
