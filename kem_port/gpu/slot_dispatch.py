@@ -29,7 +29,7 @@ from kem_port.gpu.wgsl_reflect import reflect
 
 log = logging.getLogger("kem_port.gpu.slot_dispatch")
 
-CACHE_SIZE = 256  # slot uniforms and whole-group bind groups, each
+CACHE_SIZE = 256  # slot forms (as pipelines.PIPELINE_CACHE_SIZE), uniforms and whole-group bind groups, each
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class SlotForm:
 
 class SlotForms:
     def __init__(self, enabled: bool = True) -> None:
-        self._forms: dict[int, SlotForm | None] = {}  # by Pipeline.serial
+        # By Pipeline.serial, bounded like the pipeline cache it shadows: a
+        # pipeline evicted there would otherwise keep its slot form here.
+        self._forms: OrderedDict[int, SlotForm | None] = OrderedDict()
         self._uniforms: OrderedDict[tuple, wgpu.GPUBuffer] = OrderedDict()
         self._groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self.enabled = enabled  # KEM_SLOT_DISPATCH=off: one dispatch per slot, as before
@@ -55,11 +57,12 @@ class SlotForms:
         """The slot form of a plain Pipeline (built on first use), or None."""
         serial = pipeline.serial
         if serial in self._forms:
+            self._forms.move_to_end(serial)
             return self._forms[serial]
         form = None
         if pipeline.source is not None and pipeline.entry is not None and not pipeline.tabled and not pipeline.debugged:
             form = _build(device, pipeline)
-        self._forms[serial] = form
+        _keep(self._forms, serial, form)
         return form
 
     def dispatch(self, encoder, device, item, in_buf, out_buf, in_serial: int, out_serial: int, binding_limit: int) -> bool:
