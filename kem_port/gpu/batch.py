@@ -189,6 +189,7 @@ class Stages:
                 current = pipeline
             if item.job.calls > 1:  # a group job: a dispatch per live slot
                 hits += dispatch_slots(encoder, pipelines, device, item, in_buf, out_buf, in_serial, out_serial, self.device.binding_limit)
+                current = None  # its slot form may have set another pipeline
                 continue
             with_params = item.job.call.params is not None
             key = (

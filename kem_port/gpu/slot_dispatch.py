@@ -90,7 +90,6 @@ class SlotForms:
         encoder.set_pipeline(form.pipeline)
         encoder.set_bind_group(group)
         encoder.dispatch(x, y, calls)  # slots past their deadline run too; only live ones are answered
-        encoder.set_pipeline(item.pipeline.pipeline)  # what the batch's loop has set
         return True
 
     def _group(self, device, form: SlotForm, key: tuple, words: tuple, inputs: tuple, outputs: tuple) -> wgpu.GPUBindGroup:
