@@ -12,7 +12,9 @@ from kem_port.gpu import call_table, native
 from kem_port.gpu.wgsl_reflect import reflect
 
 U = wgpu.BufferUsage
-TABLED = """
+# The call table ABI's declarations and row search (docs/dispatch.md), as
+# every call-table kernel in the tests starts.
+TABLE_PREAMBLE = """
 struct KemCall { input_offset: u32, input_words: u32, output_offset: u32, output_words: u32 }
 @group(0) @binding(0) var<storage, read> input_words: array<u32>;
 @group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
@@ -27,7 +29,8 @@ fn kem_call_of(item: u32) -> KemCall {
     }
     return kem_calls[lo];
 }
-
+"""
+TABLED = TABLE_PREAMBLE + """
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let item = gid.x + gid.y * groups.x * 64u;

@@ -24,25 +24,11 @@ from kem_port.gpu.executor import Executor
 from kem_port.gpu.group_job import GroupJob
 from kem_port.kernel_store import source_from_bytes
 from kem_port.stats import Stats
+from test_call_table import TABLE_PREAMBLE
 
 # Output word k of a call: its input word (W - 1 - k) (0 past the input),
 # plus its first input word, plus k.
-REVERSED = """
-struct KemCall { input_offset: u32, input_words: u32, output_offset: u32, output_words: u32 }
-@group(0) @binding(0) var<storage, read> input_words: array<u32>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@group(0) @binding(3) var<storage, read> kem_calls: array<KemCall>;
-
-fn kem_call_of(item: u32) -> KemCall {
-    var lo = 0u;
-    var hi = arrayLength(&kem_calls) - 1u;
-    while (lo < hi) {
-        let mid = (lo + hi + 1u) / 2u;
-        if (kem_calls[mid].output_offset <= item) { lo = mid; } else { hi = mid - 1u; }
-    }
-    return kem_calls[lo];
-}
-
+REVERSED = TABLE_PREAMBLE + """
 @compute @workgroup_size(WIDTH)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let item = gid.x + gid.y * groups.x * WIDTHu;

@@ -20,18 +20,8 @@ from kem_port import terms
 from kem_port.config import Config
 from kem_port.framing import read_frame
 from kem_port.stdio_guard import input_waiting, spin_for_input
+from test_executor import FIXED_INPUT  # an input binding kem passes and wgpu's validation fails
 from test_reader_lone import Reader, _gpu_thread_idle, _ok_value
-
-# An input binding smaller than this array passes kem's checks and fails in
-# wgpu's validation when the pass is recorded (as tests/test_lone_kit.py's).
-FIXED_INPUT = b"""
-@group(0) @binding(0) var<storage, read> input_words: array<u32, 64>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-    if (id.x < arrayLength(&output_words)) { output_words[id.x] = input_words[id.x % 64u]; }
-}
-"""
 
 
 class Watched:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import reference
+import test_executor
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu import lone_road
@@ -33,14 +34,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 """, "test", "local")
 
 # An input binding smaller than this array passes kem's checks and fails in wgpu's validation.
-FIXED_INPUT = source_from_bytes("fixed_input", b"""
-@group(0) @binding(0) var<storage, read> input_words: array<u32, 64>;
-@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-    if (id.x < arrayLength(&output_words)) { output_words[id.x] = input_words[id.x % 64u]; }
-}
-""", "test", "local")
+FIXED_INPUT = source_from_bytes("fixed_input", test_executor.FIXED_INPUT, "test", "local")
 
 
 @pytest.fixture(scope="module")
