@@ -55,13 +55,11 @@ from kem_port.gpu_loop import SMALL_CALL
 from kem_port.kernel_store import KernelSource
 from kem_port.protocol import KERNEL_ID_BYTES, MAX_REQ_ID
 from kem_port.request_fast import execute_kernel_fields
-from kem_port.terms import LENGTH, REPLY_HEAD, REPLY_TAIL, SMALL_INTS, req_id_term
+from kem_port.terms import ok_binary_frame
 
 log = logging.getLogger("kem_port.lone_fold")
 
-_ENVELOPE = len(REPLY_HEAD) + len(REPLY_TAIL) + 4  # a reply's bytes besides the ReqId and the payload
 _COUNTED = (("calls", 1), ("inline_calls", 1))  # the reader's counters, in the kit's one stats update
-_INT32 = 1 << 31
 _INTERNAL = "internal error (details in the node's log)"
 
 
@@ -127,10 +125,8 @@ class LoneFold:
             return True
         if result is None:
             return self._today(req_id, kernel_id, data, out, timeout_ms)
-        n = len(result)
-        req = SMALL_INTS[req_id] if req_id < 256 else b"b" + req_id.to_bytes(4, "big") if req_id < _INT32 else req_id_term(req_id)
         try:
-            self.write_one(b"".join((LENGTH.pack(_ENVELOPE + len(req) + n), REPLY_HEAD, req, REPLY_TAIL, LENGTH.pack(n), result)))
+            self.write_one(ok_binary_frame(req_id, result))
         except Exception:  # as today's road: logged, the caller's timer answers it
             log.exception("lone call failed")
             self.stats.bump(_COUNTED)
