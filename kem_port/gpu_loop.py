@@ -23,7 +23,6 @@ from kem_port.batching import BatchSizer
 from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight
 from kem_port.gpu.calls import Job
-from kem_port.gpu.group_job import GroupJob
 from kem_port.gpu.executor import Executor
 
 log = logging.getLogger("kem_port.gpu_loop")
@@ -187,10 +186,7 @@ class GpuLoop:
             if job.expired(now):
                 waited = (time.perf_counter() - job.enqueued) * 1000
                 error = KemError("timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it")
-                if isinstance(job, GroupJob):
-                    job.expire(now, error)  # its slots past their deadline; the others run
-                else:
-                    job.refuse(error)
+                job.expire(now, error)  # a group: its slots past their deadline; the others run
         return [job for job in batch if not job.answered]
 
     def _next_nowait(self) -> Job | Control | None:

@@ -119,6 +119,11 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
 
+    def expire(self, now: float, error: KemError) -> None:
+        """The deadline passed while queued: the caller hears `error`
+        (GroupJob answers only its slots whose deadlines passed)."""
+        self.refuse(error)
+
     def answer(self, view: memoryview) -> None:
         """Hand the caller its result, unless it was already answered."""
         if not self.answered:

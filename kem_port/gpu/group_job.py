@@ -68,12 +68,9 @@ class GroupJob(Job):
         self._update_deadline()
 
     def _update_deadline(self) -> None:
-        remaining = self.deadlines[self.live] if len(self.live) else self.deadlines
+        remaining = self.deadlines[self.live]
         earliest = float(remaining.min()) if len(remaining) else np.inf
         self.deadline = None if earliest == np.inf else earliest
-
-    def expired(self, now: float) -> bool:
-        return self.deadline is not None and now > self.deadline
 
     def answer(self, view: memoryview) -> None:
         """`view`: the live slots' outputs back to back, in slot order."""
