@@ -49,7 +49,7 @@ class Kit:
         "path", "ffi", "lib", "pipeline", "groups", "groups_from_params", "entry", "limits",
         "in_len", "in_size", "out_len", "out_size", "params_len", "u_size",
         "buffers", "in_buf", "out_buf", "u_buf", "staging", "group",
-        "in_pad", "u_pad", "zeros", "commands", "index", "map_info", "handle",
+        "in_pad", "u_pad", "zeros", "commands", "map_info", "handle",
         "status", "message", "pipeline_h", "group_h", "device_h", "queue_h",
         "in_h", "out_h", "u_h", "staging_h", "success",
     )
@@ -97,7 +97,6 @@ class Kit:
         self.in_pad = ffi.new("uint8_t[]", self.in_size) if self.in_len % 4 else None
         self.u_pad = ffi.new("uint8_t[]", self.u_size) if self.u_size else None
         self.commands = ffi.new("WGPUCommandBuffer[1]")
-        self.index = ffi.new("WGPUSubmissionIndex *")
         self.handle = ffi.new_handle(self)  # names this kit to the map callback, for its whole life
         self.map_info = ffi.new("WGPUBufferMapCallbackInfo *")
         self.map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
