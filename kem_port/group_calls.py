@@ -23,7 +23,6 @@ from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.group_job import GroupJob
 from kem_port.group_frames import Group
 from kem_port.kernel_store import KernelSource
-from kem_port.terms import ok_binary_reply
 
 
 def group_job(group: Group, call: KernelCall, source: KernelSource, share: int, budget: WorkBudget,
@@ -54,7 +53,7 @@ class GroupAnswers:
             chunk = req_ids[start : start + step]
             data = blob[start * size : (start + len(chunk)) * size]
             if len(chunk) == 1:
-                self.writer.write(ok_binary_reply(int(chunk[0]), data))
+                self.writer.write_result(int(chunk[0]), data)
             else:
                 self.writer.write(uniform_replies_frame(chunk, size, data))
 
