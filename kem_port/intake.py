@@ -75,7 +75,8 @@ class Once:
 
 class Intake:
     def __init__(self, config: Config, stats: Stats, executor: Executor, resolver: KernelResolver, loop: GpuLoop,
-                 guard: CompileGuard | None, reply: Reply, fail: Fail, input_waiting: Callable[[], bool]) -> None:
+                 guard: CompileGuard | None, reply: Reply, fail: Fail, input_waiting: Callable[[], bool],
+                 writer: FrameWriter) -> None:
         self.config, self.stats, self.executor, self.resolver, self.loop = config, stats, executor, resolver, loop
         self.guard, self.reply, self.fail, self.input_waiting = guard, reply, fail, input_waiting
         self.budget = WorkBudget(config.queue_limit, config.queue_bytes)
@@ -83,7 +84,7 @@ class Intake:
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
         self.states = CallStates(loop)  # where a call is, for call_state
         self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
-        self.writer: FrameWriter | None = None  # set by the router: group jobs' answers (group_calls.py)
+        self.writer = writer  # group jobs answer many at once (group_calls.py)
         # Inside together() (the reader, one calls frame): kernel sources
         # found so far, and the jobs that go to the GPU queue at its end.
         self._sources: dict[str, KernelSource] | None = None
@@ -147,7 +148,7 @@ class Intake:
             call = KernelCall(group.kernel_id, group.inputs[: group.size], group.output_size)
             source = self._resolve_local(group.kernel_id)
             admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
-            if admitted is not None and self.writer is not None:
+            if admitted is not None:
                 self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
                 self.stats.inc("group_jobs")
                 return

@@ -67,11 +67,10 @@ class Router:
         memory = shm.SharedMemory(config.shm_dir, config.max_input_bytes)
         self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
         self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
-        self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting)
+        self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting, writer)
         self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
         self.health = Health(executor, config)
         self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
-        self.intake.writer = writer  # group jobs answer many at once (group_calls.py)
         self.fold = LoneFold(self, input_waiting)  # the hot lone call's road, folded (lone_fold.py)
 
     def start(self) -> None:
@@ -105,9 +104,6 @@ class Router:
         (batch_frames.py), each of whose requests is read as a frame of its
         own; their kernel calls reach the GPU queue together."""
         if self.fold(frame):
-            return
-        if group_frames.is_group_frame(frame):
-            self._handle_group(frame)
             return
         calls = split_calls(frame) if is_calls_frame(frame) else None
         if calls is None:
