@@ -33,7 +33,7 @@
 %% Calls frames, as before (docs/protocol.md, "Batch frames"): at most 64
 %% calls (the GPU loop's largest batch); a call frame over 64 KiB goes alone.
 -define(CALLS_PER_FRAME, 64).
--define(LONE_BYTES, 65536).
+-include("kem_frames.hrl").
 %% ETF heads, written here byte for byte (kem_port/batch_frames.py and the
 %% port's group reader match them).
 -define(VERSION, 131).

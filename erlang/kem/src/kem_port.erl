@@ -54,7 +54,7 @@
 %% 64 keeps calls frames as they were (the port's batch, KEM_MAX_BATCH).
 -define(HOLD_CALLS, 64).
 -define(HOLD_BYTES, 1048576).
--define(LONE_BYTES, 65536).
+-include("kem_frames.hrl").  % ?LONE_BYTES
 %% The ETF head of `{replies, Index, Blob}', matched here byte for byte
 %% (kem_port/batch_frames.py writes the same; kem_group writes the heads of
 %% the frames the node sends).
