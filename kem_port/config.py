@@ -110,6 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("poll_spin_us", "poll_spin_us", None, _integer(0), "by adapter", "µs of non-blocking polls before a blocking wait (2000 on GPUs, 0 on CPU adapters; docs/executor.md)"),
     S("read_spin_us", "read_spin_us", 0, _integer(0), "0 (off)", "µs the reader polls its pipe after each frame before it blocks in `read`: a lone caller's next call then finds it awake; off by default, it cost 64 callers 20-35% on an H100 (docs/executor.md)"),
     S("slot_dispatch", "slot_dispatch", "on", _choice("on", "off"), "`on`", "a group of calls to a plain kernel as one dispatch through its rewritten slot form (`off`: one dispatch per call; docs/dispatch.md)"),
+    S("cross_caller_dispatch", "cross_caller_dispatch", "on", _choice("on", "off"), "`on`", "calls of different callers may share a dispatch: a plain kernel's group through its slot form, a listed call-table kernel's calls in one table (`off`: one dispatch per call, whatever `slot_dispatch` and `shared_table_kernels` say; docs/dispatch.md)"),
+    S("shared_table_kernels", "shared_table_kernels", [], _list, "none", "comma-separated ids of call-table kernels whose calls may share a dispatch across callers (each call sees every row of it); any other call-table kernel gets a dispatch per call (docs/dispatch.md)"),
     S("session_quota_bytes", "session_quota_bytes", 1024 * MiB, _integer(4), "1 GiB", "GPU bytes one session's buffers (or one chain's temporaries) may hold; a session may ask for less (docs/sessions.md)"),
     S("port_session_quota_bytes", "port_session_quota_bytes", 4096 * MiB, _integer(4), "4 GiB", "GPU bytes all sessions of one port may hold together"),
     S("shm_dir", "shm_dir", None, lambda raw: Path(raw).resolve(), "set by the app", "the node's `/dev/shm` directory for large payloads (app env `shm_threshold`, 1 MiB)"),
@@ -159,6 +161,8 @@ class Config:
     poll_spin_us: int | None = _default("poll_spin_us")  # None: chosen by adapter type
     read_spin_us: int = _default("read_spin_us")
     slot_dispatch: str = _default("slot_dispatch")
+    cross_caller_dispatch: str = _default("cross_caller_dispatch")
+    shared_table_kernels: list[str] = _default("shared_table_kernels")
     session_quota_bytes: int = _default("session_quota_bytes")
     port_session_quota_bytes: int = _default("port_session_quota_bytes")
     shm_dir: Path | None = _default("shm_dir")
