@@ -14,6 +14,15 @@ accepted here, they fall through and erlang-py refuses them.
 The values returned are the ones erlang-py returns for the same bytes
 (``OtpErlangAtom``, ``OtpErlangBinary``, ``True``/``False``/``None`` for
 those atoms); tests/test_request_fast.py checks that on random frames.
+
+Its bounds are etf_guard's, imported from there (one definition): no tuple
+wider than MAX_ARITY, no more than MAX_NODES terms, no atom over MAX_ATOM
+bytes, no integer over MAX_INT_BYTES, and its own depth of 4 is inside
+MAX_DEPTH. A frame past any of them is left to the guarded road, which
+refuses it (``bad_frame``/``too_large`` to its ReqId). Without them a 13 MB
+frame of 255-wide tuples of empty binaries took this road and grew to
+250 MB of erlang-py objects (issue 24); tests/test_decoder_bounds.py fuzzes
+every ETF spelling against the guard's walk.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import struct
 from typing import Any
 
 import erlang
+
+from kem_port.etf_guard import MAX_ARITY, MAX_ATOM, MAX_DEPTH, MAX_INT_BYTES, MAX_NODES
 
 _VERSION = 131
 _SMALL_INTEGER = 97
@@ -34,6 +45,7 @@ _SMALL_ATOM = 115
 _ATOM_UTF8 = 118
 _SMALL_ATOM_UTF8 = 119
 _MAX_DEPTH = 4  # {call, _, _, {_, _, {X, Y, Z}}} is the deepest hot shape
+assert _MAX_DEPTH < MAX_DEPTH  # the guard's walk counts the root as one level more
 _SPECIAL_ATOMS: dict[bytes, Any] = {b"true": True, b"false": False, b"undefined": None}
 
 _ATOM_CACHE = 256
@@ -57,23 +69,27 @@ def decode_hot(frame: bytes) -> Any | None:
     if len(frame) < 2 or frame[0] != _VERSION:
         return None
     try:
-        end, term = _term(frame, 1, 0)
+        # Terms still allowed after the root: each tuple spends its arity
+        # before any of its elements is built, so a refused frame costs at
+        # most MAX_NODES small objects (~2 MB), whatever its size.
+        end, term = _term(frame, 1, 0, [MAX_NODES - 1])
     except (_NotHot, IndexError, struct.error, UnicodeDecodeError):
         return None
     return term if end == len(frame) else None
 
 
-def _term(data: bytes, i: int, depth: int) -> tuple[int, Any]:
+def _term(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, Any]:
     tag = data[i]
     i += 1
     if tag == _SMALL_TUPLE:
-        if depth >= _MAX_DEPTH:
-            raise _NotHot
         arity = data[i]
+        budget[0] -= arity
+        if depth >= _MAX_DEPTH or arity > MAX_ARITY or budget[0] < 0:
+            raise _NotHot
         i += 1
         items = []
         for _ in range(arity):
-            i, item = _term(data, i, depth + 1)
+            i, item = _term(data, i, depth + 1, budget)
             items.append(item)
         return i, tuple(items)
     if tag == _BINARY:
@@ -89,7 +105,7 @@ def _term(data: bytes, i: int, depth: int) -> tuple[int, Any]:
         return i + 4, _int32(data, i)[0]
     if tag == _SMALL_BIG:
         size, sign = data[i], data[i + 1]
-        if size > 8 or i + 2 + size > len(data):
+        if size > MAX_INT_BYTES or i + 2 + size > len(data):
             raise _NotHot
         value = int.from_bytes(data[i + 2 : i + 2 + size], "little")
         return i + 2 + size, -value if sign else value
@@ -100,7 +116,7 @@ def _term(data: bytes, i: int, depth: int) -> tuple[int, Any]:
     else:
         raise _NotHot
     end = start + size
-    if end > len(data):
+    if end > len(data) or size > MAX_ATOM:
         raise _NotHot
     key = data[i - 1 : end]  # tag, length and name: one atom, one key
     found = _atoms.get(key, _MISSING)
@@ -208,7 +224,7 @@ def _uint_at(data: bytes, i: int) -> tuple[int, int]:
     if tag == _SMALL_BIG:
         size, sign = data[i + 1], data[i + 2]
         end = i + 3 + size
-        if size > 8 or sign or end > len(data):
+        if size > MAX_INT_BYTES or sign or end > len(data):
             raise _NotHot
         return end, int.from_bytes(data[i + 3 : end], "little")
     raise _NotHot
