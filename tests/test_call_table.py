@@ -143,6 +143,7 @@ from kem_port.kernel_store import default_stores, source_from_bytes  # noqa: E40
 from kem_port.stats import Stats  # noqa: E402
 
 import reference  # noqa: E402
+from conftest import start_port  # noqa: E402
 from kem_port import terms  # noqa: E402
 
 TWO_D = TABLED.replace("@workgroup_size(64)", "@workgroup_size(8, 8)")
@@ -150,12 +151,21 @@ TWO_D = TABLED.replace("@workgroup_size(64)", "@workgroup_size(8, 8)")
 
 @pytest.fixture(scope="module")
 def executor():
-    ex = Executor(Config(max_batch=512), Stats())
+    ex = Executor(Config(max_batch=512, shared_table_kernels=["tabled"]), Stats())
     ex.open()
     return ex
 
 
-def test_a_batch_mixing_table_and_plain_calls_matches_numpy(executor, rng):
+@pytest.fixture(scope="module")
+def unshared_executor():
+    ex = Executor(Config(max_batch=512), Stats())  # no kernel listed: a dispatch per call-table call
+    ex.open()
+    return ex
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["listed", "unlisted"])
+def test_a_batch_mixing_table_and_plain_calls_matches_numpy(executor, unshared_executor, rng, shared):
+    executor = executor if shared else unshared_executor
     tabled = source_from_bytes("tabled", TABLED.encode(), "test", "local")
     double = default_stores(None)[0].lookup("double")
     got: dict[int, list] = {}
@@ -181,8 +191,9 @@ def test_a_batch_mixing_table_and_plain_calls_matches_numpy(executor, rng):
     for key, want in expected.items():
         assert got[key] == [want], key
     assert executor.stats.count("table_calls") - calls == 160
-    # One batch of 200 (max_batch 512): the small calls share one dispatch, each large one has its own.
-    assert executor.stats.count("table_dispatches") - dispatches == alone + 1
+    # One batch of 200 (max_batch 512): listed, the small calls share one dispatch, each large one has
+    # its own; unlisted (the default), every call its own.
+    assert executor.stats.count("table_dispatches") - dispatches == (alone + 1 if shared else 160)
 
 
 def expected_tabled(data: bytes, out_size: int) -> bytes:
@@ -204,9 +215,18 @@ def test_table_kernels_refuse_workgroups_params_and_2d_workgroups(executor):
     assert all(isinstance(o, KemError) for o in outcomes)
 
 
-def test_the_packaged_double_table_kernel_through_the_port(port, rng):
-    """Concurrent callers of double_table share dispatches and each gets
-    exactly reference.double of its own input."""
+@pytest.fixture(scope="module")
+def double_table_shared():
+    with start_port(KEM_SHARED_TABLE_KERNELS="double_table") as client:
+        yield client
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["default", "listed"])
+def test_the_packaged_double_table_kernel_through_the_port(port, double_table_shared, rng, shared):
+    """Concurrent callers of double_table each get exactly reference.double
+    of their own input; by default each call is its own dispatch (kem's own
+    kernel is not listed either), listed they share dispatches."""
+    port = double_table_shared if shared else port
     before = port.call("stats")
     sizes = [int(rng.choice([1, 4, 13, 256, 4096, 70_000])) for _ in range(300)]
     inputs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
@@ -217,4 +237,4 @@ def test_the_packaged_double_table_kernel_through_the_port(port, rng):
     count = lambda stats, name: stats.get(terms.atom(name), 0)  # noqa: E731
     calls = count(after, "table_calls") - count(before, "table_calls")
     dispatches = count(after, "table_dispatches") - count(before, "table_dispatches")
-    assert calls == 300 and 1 <= dispatches < calls
+    assert calls == 300 and (1 <= dispatches < calls if shared else dispatches == calls)

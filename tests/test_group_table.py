@@ -64,7 +64,9 @@ def tabled_port(tmp_path_factory):
     kernels = tmp_path_factory.mktemp("kernels")
     (kernels / "reversed.wgsl").write_text(reversed_kernel(64))
     (kernels / "reversed_one.wgsl").write_text(reversed_kernel(1))  # one row of workgroups: 65,535 words
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+    # Listed: their calls may share a dispatch across callers (by default each call is its own).
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache"),
+                    KEM_SHARED_TABLE_KERNELS="double_table,reversed,reversed_one") as client:
         for kernel in (b"double_table", b"reversed", b"reversed_one"):
             client.call("execute_kernel", kernel, bytes(8), 1)  # admitted and compiled: a group is one job
         yield client
@@ -187,6 +189,13 @@ def test_rows_are_call_table_builds_for_slots_at_a_stride(rng):
 
 @pytest.fixture(scope="module")
 def executor():
+    ex = Executor(Config(shared_table_kernels=["reversed"]), Stats())
+    ex.open()
+    return ex
+
+
+@pytest.fixture(scope="module")
+def unshared_executor():
     ex = Executor(Config(), Stats())
     ex.open()
     return ex
@@ -264,3 +273,30 @@ def test_one_batch_of_single_calls_and_groups_is_one_dispatch(executor, rng):
     assert answers == want
     moved = executor.stats.count("table_dispatches") - before[0], executor.stats.count("table_calls") - before[1]
     assert moved == (1, 6 + 40 + 7)
+
+
+@pytest.mark.parametrize("n,size,out", [(2, 4, 4), (9, 13, 26), (40, 256, 256), (17, 300, 1200)])
+def test_an_unlisted_kernels_group_is_a_dispatch_per_slot(unshared_executor, rng, n, size, out):
+    """By default (no kernel listed) a group of a call-table kernel is cut
+    into one-slot dispatches, each bound to its own slot's input and
+    output (outputs on their own aligned starts), beside single calls of
+    the same kernel (each its own dispatch too); every value numpy's, an
+    expired slot not answered."""
+    ex = unshared_executor
+    source = source_from_bytes("reversed", reversed_kernel(64).encode(), "test", "local")
+    inputs = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(n)]
+    live = np.ones(n, bool)
+    live[n // 2] = False
+    answers: dict = {}
+    single = rng.integers(0, 256, 44, dtype=np.uint8).tobytes()
+    singles: list = []
+    jobs = [Job(KernelCall("reversed", single, 44), source, reply=lambda v: singles.append(bytes(v)), fail=singles.append),
+            group_job(source, inputs, out, answers, live)]
+    before = ex.stats.count("table_dispatches"), ex.stats.count("table_calls"), ex.stats.count("table_group_jobs")
+    ex.run(jobs)
+    assert singles == [expected("reversed", single, 44)]
+    assert sorted(answers) == [k for k in range(n) if live[k]]
+    for slot, got in answers.items():
+        assert got == expected("reversed", inputs[slot], out), slot
+    moved = [ex.stats.count(k) - b for k, b in zip(("table_dispatches", "table_calls", "table_group_jobs"), before)]
+    assert moved == [n + 1, n + 1, 1]

@@ -20,7 +20,7 @@ import wgpu
 
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu import call_table
-from kem_port.gpu.group_stage import dispatch_slots, gather
+from kem_port.gpu.group_stage import canary_fill, dispatch_slots, gather, slots_intact
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
 from kem_port.gpu.hot_path import HotPath
@@ -90,10 +90,11 @@ class Flight:
 
 
 class Stages:
-    def __init__(self, device: Device, pipelines: Pipelines, stats: Stats) -> None:
+    def __init__(self, device: Device, pipelines: Pipelines, stats: Stats, sharing: call_table.Sharing = call_table.NO_SHARING) -> None:
         self.device = device
         self.pipelines = pipelines
         self.stats = stats
+        self.sharing = sharing  # which call-table kernels' calls may share a dispatch
 
     def encode(self, items: list[Prepared], lone: bool = False) -> Flight:
         """Buffers, upload and commands for one batch, not yet submitted.
@@ -118,7 +119,7 @@ class Stages:
         self.stats.add_time("queue_wait", waited)
         plan = BatchPlan(
             items, self.device.storage_align, self.device.uniform_align,
-            self.device.binding_limit, self.device.dispatch_limits.max_per_dimension,
+            self.device.binding_limit, self.device.dispatch_limits.max_per_dimension, self.sharing,
         )
         flight = Flight(items, device, pool, self.device.hot, largest_call_bytes=largest)
         flight.spin_s = self.device.lone_spin_s if lone else self.device.spin_s
@@ -147,12 +148,7 @@ class Stages:
         try:
             for upload, offset, size in copies:
                 encoder.copy(upload, 0, in_buf, offset, size)
-            # Pooled buffers hold earlier callers' bytes: clear what this
-            # batch binds, so a kernel that skips elements returns zeros.
-            if plan.out_total <= ZERO_WRITE_LIMIT:
-                flight.hot.write(out_buf, 0, _ZEROS[: plan.out_total])
-            else:
-                encoder.clear_buffer(out_buf, 0, plan.out_total)
+            _clear_outputs(flight, encoder, plan, out_buf)
             encoder.begin_pass(timing.query_set if timing else None)
             self._dispatch_plain(encoder, device, plan, in_buf, out_buf, u_buf)
             for table in plan.groups:
@@ -254,7 +250,8 @@ class Stages:
         for item in flight.items:
             size = item.job.call.output_size
             if item.job.calls > 1:
-                later.append((item.job, gather(mapped_view, item)))
+                if slots_intact(mapped_view, item, self.pipelines):  # else failed, its slot form retired
+                    later.append((item.job, gather(mapped_view, item)))
                 continue
             view = mapped_view[item.out_offset : item.out_offset + size]
             if size <= SMALL_RESULT:
@@ -279,3 +276,24 @@ class Stages:
         elapsed = time.perf_counter() - started
         flight.spent += elapsed
         self.stats.add_time(stage, elapsed)
+
+
+def _clear_outputs(flight: Flight, encoder, plan: BatchPlan, out_buf) -> None:
+    """Pooled buffers hold earlier callers' bytes: clear what this batch
+    binds, so a kernel that skips elements returns zeros. A plain group's
+    range is written with canary words past each slot's output
+    (group_stage.py); a clear is a command, run after every queue write,
+    so large batches are cleared around those ranges."""
+    marked = [(item.out_offset, canary_fill(item)) for item in plan.plain if item.job.calls > 1]
+    if plan.out_total <= ZERO_WRITE_LIMIT:
+        flight.hot.write(out_buf, 0, _ZEROS[: plan.out_total])
+    else:
+        at = 0
+        for offset, fill in marked:  # in output order: plain items are laid out in order
+            if offset > at:
+                encoder.clear_buffer(out_buf, at, offset - at)
+            at = offset + len(fill)
+        if at < plan.out_total:
+            encoder.clear_buffer(out_buf, at, plan.out_total - at)
+    for offset, fill in marked:
+        flight.hot.write(out_buf, offset, fill)

@@ -30,14 +30,46 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kem_port.gpu import contract
 from kem_port.gpu.wgsl_reflect import KernelShape
+
+if TYPE_CHECKING:
+    from kem_port.config import Config
 
 CALL_TABLE_BINDING = contract.TABLE
 ROW = struct.Struct("<4I")  # input_offset, input_words, output_offset, output_words
 ROW_BYTES = ROW.size
 MAX_CALL_BYTES = 256 * 1024  # larger calls dispatch alone: a table buys them nothing
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Whose calls may share one dispatch (docs/dispatch.md, "Who sees
+    what"). A call-table kernel sees every row of its dispatch by design,
+    and the port cannot tell callers apart (a frame carries ReqIds only, and
+    an Erlang caller has one call in flight), so calls of a kernel share a
+    table only when the operator lists it (``shared_table_kernels``); any
+    other gets one call per dispatch. The default lists none, not even kem's
+    own double_table: issue 24 asks for no sharing unless the operator says
+    so, and opting in is one line. ``cross_caller_dispatch=off`` shares
+    nothing: no listed tables, and no slot form (executor)."""
+
+    cross_caller: bool = True
+    table_kernels: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_config(cls, config: Config) -> Sharing:
+        return cls(config.cross_caller_dispatch == "on", frozenset(config.shared_table_kernels))
+
+    def shares_table(self, pipeline) -> bool:
+        """Whether a call-table Pipeline's calls may share a dispatch."""
+        source = pipeline.source
+        return self.cross_caller and source is not None and source.kernel_id in self.table_kernels
+
+
+NO_SHARING = Sharing(False)
 
 
 def opts_in(shape: KernelShape) -> bool:

@@ -27,7 +27,7 @@ from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
-from kem_port.gpu import group_table
+from kem_port.gpu import call_table, group_table
 from kem_port.gpu.group_job import GroupJob
 from kem_port.gpu.lone_road import LoneRoad
 from kem_port.gpu.pipelines import Pipelines, gpu_message
@@ -49,8 +49,11 @@ class Executor:
     def __init__(self, config: Config, stats: Stats) -> None:
         self.stats = stats
         self.gpu = Device(config, stats)
-        self.pipelines = Pipelines(stats, slot_dispatch=config.slot_dispatch == "on")
-        self.stages = Stages(self.gpu, self.pipelines, stats)
+        # Cross-caller coalescing (docs/dispatch.md, "Who sees what"): the slot
+        # form needs both switches on; a call-table kernel shares a dispatch only when listed.
+        self.sharing = call_table.Sharing.from_config(config)
+        self.pipelines = Pipelines(stats, slot_dispatch=config.slot_dispatch == "on" and self.sharing.cross_caller)
+        self.stages = Stages(self.gpu, self.pipelines, stats, self.sharing)
         self.lone = LoneRoad(self.gpu, self.pipelines, stats)  # a lone call's kits (gpu/lone_road.py)
 
     # -- the device -------------------------------------------------------
@@ -170,7 +173,7 @@ class Executor:
                 continue
             try:
                 item = prepare(job)
-                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu):
+                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu, self.sharing.shares_table(item.pipeline)):
                     # Too large for the call table (gpu/group_table.py): the group's slots go as
                     # plain calls, each prepared (and, should that fail, answered) on its own.
                     pending.extend(job.split())

@@ -11,14 +11,39 @@ cached as one list per layout (Pipelines.cached_slot_list): under steady
 traffic a group lands at the same offsets of the same pooled buffers, and
 a key and a cache lookup per slot cost ~1 us of the ~2.8 us a slot's
 encoding took at 64 slots on lavapipe (scripts/bench_group.py).
+
+**Canaries** (defence in depth for the slot form, issue 24): each slot of
+a plain group's output range is laid out as [the call's output | canary
+words | the slot form's spare element (its last 16 bytes at most)]
+(plan.SLOT_ROOM keeps at least one canary word), filled with CANARY before
+the dispatch (Stages._clear_outputs) and checked after the readback when
+the slot form ran. Nothing a correct slot form does can reach them: its
+writes land in the call's output elements or in the spare element. A
+broken canary means it wrote outside a slot (a rewrite fooled, or a bug):
+the group fails with `internal`, the event is logged, and the kernel keeps
+one dispatch per call from then on. What this cannot see: a write that
+lands inside another slot's output (only the canaries between them are
+checked), and any read outside a slot (reads leave no trace).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from functools import lru_cache
+
 import numpy as np
 
+from kem_port.errors import KemError
 from kem_port.gpu.pipelines import NO_BINDING, Pipelines
 from kem_port.gpu.plan import Prepared
+
+log = logging.getLogger("kem_port.gpu.group_stage")
+
+# Per process, so that kernel text cannot count on writing the value back.
+CANARY = int.from_bytes(os.urandom(4), "little") | 1
+SPARE_ROOM = 16  # the spare element's bytes at a slot's end, a vec4 at most
+FAULT = "kem's one-dispatch form of this kernel wrote outside a call's slot: the group's results were discarded; a retry runs one dispatch per call"
 
 
 def dispatch_slots(encoder, pipelines: Pipelines, device, item: Prepared, in_buf, out_buf, in_serial: int, out_serial: int, binding_limit: int) -> int:
@@ -27,6 +52,7 @@ def dispatch_slots(encoder, pipelines: Pipelines, device, item: Prepared, in_buf
     its own bind group. Returns the per-slot bind group cache hits."""
     job = item.job
     if pipelines.slots.dispatch(encoder, device, item, in_buf, out_buf, in_serial, out_serial, binding_limit):
+        item.canary = canary_bytes(item)
         pipelines.stats.inc("slot_dispatches")
         pipelines.stats.inc("slot_calls", job.calls)
         return 0
@@ -70,3 +96,44 @@ def gather(mapped: memoryview, item: Prepared) -> bytes:
     if len(live) == job.calls:
         return slots[:, :size].tobytes()  # one copy
     return slots[live, :size].tobytes()
+
+
+def canary_bytes(item: Prepared) -> tuple[int, int]:
+    """Where each slot's canary words lie, from the slot's start: past the
+    call's output (a whole number of words), before the spare element."""
+    return item.out_size, item.out_stride - SPARE_ROOM
+
+
+def canary_fill(item: Prepared) -> bytes:
+    """A plain group's whole output range as uploaded: zeros, canaries between."""
+    return _fill(item.job.calls, item.out_stride, *canary_bytes(item))
+
+
+@lru_cache(maxsize=64)
+def _fill(calls: int, out_stride: int, start: int, end: int) -> bytes:
+    slots = np.zeros((calls, out_stride // 4), "<u4")
+    slots[:, start // 4 : end // 4] = CANARY
+    return slots.tobytes()
+
+
+def slots_intact(mapped: memoryview, item: Prepared, pipelines: Pipelines) -> bool:
+    """After the readback: False (the group failed, logged, the kernel's
+    slot form retired) when the slot form broke a canary."""
+    if item.canary is None:
+        return True
+    start, end = item.canary
+    calls = item.job.calls
+    slots = np.frombuffer(mapped, "<u4", calls * item.out_stride // 4, item.out_offset).reshape(calls, -1)
+    broken = slots[:, start // 4 : end // 4] != CANARY
+    if not broken.any():
+        return True
+    source = item.pipeline.source
+    log.error(
+        "%s: its slot form wrote outside a slot (canaries of %d of %d slots broken); the group's calls fail "
+        "and the kernel runs one dispatch per call from now on", source.kernel_id if source else "?",
+        int(broken.any(axis=1).sum()), calls,
+    )
+    pipelines.stats.inc("slot_faults")
+    pipelines.slots.retire(item.pipeline)
+    item.job.refuse(KemError("internal", FAULT))
+    return False

@@ -46,16 +46,19 @@ if TYPE_CHECKING:
 # not imported back: kem_port's import graph has no cycles).
 
 
-def fits(item, gpu: Device) -> bool:
+def fits(item, gpu: Device, shared: bool) -> bool:
     """Whether a group item of a call-table kernel runs on its own table
     (one dispatch, or a few chunks of it) on `gpu` rather than as its
-    single calls."""
-    return chunk_slots(item, gpu.storage_align, gpu.binding_limit, gpu.dispatch_limits.max_per_dimension) > 0
+    single calls. `shared`: its kernel may share a dispatch across callers
+    (call_table.Sharing); else each slot is a chunk of its own."""
+    return chunk_slots(item, gpu.storage_align, gpu.binding_limit, gpu.dispatch_limits.max_per_dimension, shared) > 0
 
 
-def chunk_slots(item, storage_align: int, binding_limit: int, max_groups: int) -> int:
+def chunk_slots(item, storage_align: int, binding_limit: int, max_groups: int, shared: bool = True) -> int:
     """Slots per dispatch for a group item of a call-table kernel (the
-    whole group when it fits one), or 0: it goes as its single calls."""
+    whole group when it fits one), or 0: it goes as its single calls. A
+    kernel not shared across callers gets one slot a dispatch: its table
+    one row, its bound input and output exactly that slot's."""
     call = item.job.call
     if not call_table.coalescible(len(call.input), call.output_size):
         return 0
@@ -68,6 +71,8 @@ def chunk_slots(item, storage_align: int, binding_limit: int, max_groups: int) -
         binding_limit // call_table.ROW_BYTES,  # its rows
         max_groups * width // out_words,  # one row of workgroups
     )
+    if not shared:
+        return min(fit, 1)
     if fit >= item.job.calls:
         return item.job.calls
     # A chunk's outputs must end where the next chunk's binding may start.
@@ -85,6 +90,7 @@ class SlotTable:
     item: object  # the group job's plan.Prepared
     first: int
     count: int
+    out_stride: int  # the item's: out_size when chunks' outputs sit back to back
     in_offset: int = 0
     in_bytes: int = 0
     out_offset: int = 0
@@ -109,7 +115,7 @@ class SlotTable:
         """Outputs from out_start (the first chunk's is the item's), rows from table_start."""
         item = self.item
         if self.first == 0:
-            item.out_offset, item.out_stride = out_start, item.out_size
+            item.out_offset, item.out_stride = out_start, self.out_stride
         self.in_offset = item.in_offset + self.first * item.in_stride
         self.in_bytes = (self.count - 1) * item.in_stride + item.in_size
         out_words = item.out_size // 4
@@ -118,10 +124,14 @@ class SlotTable:
         self.rows = slot_rows(self.count, item.in_stride // 4, -(-len(item.job.call.input) // 4), out_words)
 
 
-def slot_tables(item, chunk: int) -> list[SlotTable]:
-    """A group item's dispatches, `chunk` slots each (the last one the rest)."""
+def slot_tables(item, chunk: int, storage_align: int) -> list[SlotTable]:
+    """A group item's dispatches, `chunk` slots each (the last one the rest).
+    Chunks of several slots hold a multiple of what keeps their outputs
+    back to back on the binding alignment (chunk_slots); one-slot chunks
+    have each output on its own aligned start, so slots sit that far apart."""
     calls = item.job.calls
-    return [SlotTable(item.pipeline, item, first, min(chunk, calls - first)) for first in range(0, calls, chunk)]
+    stride = item.out_size if chunk > 1 else contract.align(item.out_size, storage_align)
+    return [SlotTable(item.pipeline, item, first, min(chunk, calls - first), stride) for first in range(0, calls, chunk)]
 
 
 @lru_cache(maxsize=64)

@@ -20,6 +20,9 @@ from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
 
 PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
+# Past a plain group's output in each slot: at least one canary word, then
+# the slot form's spare element (a vec4 at most, 16 bytes) at the slot's end.
+SLOT_ROOM = 4 + 16
 
 
 @dataclass(slots=True)
@@ -36,6 +39,9 @@ class Prepared:
     # A group job's slots (gpu/group_job.py) sit this far apart, from the offsets above.
     in_stride: int = 0
     out_stride: int = 0
+    # A plain group run through its slot form: the canary bytes of each slot
+    # (start, end from the slot's start) to check after the dispatch (group_stage.py).
+    canary: tuple[int, int] | None = None
 
 
 def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
@@ -126,14 +132,24 @@ class TableGroup:
         self.table_offset = table_start
 
 
+def _out_stride(item: Prepared, storage_align: int) -> int:
+    """A plain call's output start to the next's. A group's slots keep room
+    past the output for the slot form's canary words and its spare element
+    (SLOT_ROOM; group_stage.py): 256-byte outputs then sit 512 apart, which
+    also lets them take the slot form (no spare element fit before)."""
+    room = SLOT_ROOM if item.job.calls > 1 else 0
+    return contract.align(item.out_size + room, storage_align)
+
+
 def _small(item: Prepared) -> bool:
     return len(item.job.call.input) <= PACK_LIMIT and item.out_size <= call_table.MAX_CALL_BYTES
 
 
-def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int) -> list[TableGroup]:
+def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int, sharing: call_table.Sharing) -> list[TableGroup]:
     """Group call-table items by pipeline, in input order, each group within
     the binding limit and one row of workgroups (no y spill for a shared
-    dispatch; a call alone may spill, as plan_dispatch allowed it)."""
+    dispatch; a call alone may spill, as plan_dispatch allowed it). Only a
+    kernel that `sharing` lets share has more than one call a group."""
     groups: list[TableGroup] = []
     open_groups: dict[int, TableGroup] = {}
     for item in sorted(items, key=lambda i: i.in_offset):
@@ -141,56 +157,78 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int) ->
         size = pipeline.entry.workgroup_size if pipeline.entry is not None else None
         max_words = max_groups * (size[0] if size else 1)
         group = open_groups.get(pipeline.serial)
-        if group is None or not group.fits(item, binding_limit, max_words):
+        if group is None or not sharing.shares_table(pipeline) or not group.fits(item, binding_limit, max_words):
             group = open_groups[pipeline.serial] = TableGroup(pipeline)
             groups.append(group)
         group.add(item)
     return groups
 
 
+def _input_order(plain: list[Prepared], shared: list[Prepared], chunked: list[Prepared]) -> tuple[list, list]:
+    """(small, large) inputs in the order they are laid out. Small inputs
+    first, so the packed upload covers them and nothing else; among them
+    the plain calls', then the call-table calls that may share a table,
+    each kernel's in one run (a table binds the span from its first call's
+    input to its last's, which then holds that kernel's calls and the
+    zeroed alignment between them, nobody else's: issue 24's attacker read
+    a `double` caller's input between two of its own calls), then groups
+    chunked into dispatches of their own. Large inputs, each bound alone, last."""
+    by_kernel = sorted(shared, key=lambda i: i.pipeline.serial)  # stable: arrival order within a kernel
+    ordered = plain + by_kernel + chunked
+    small = [i for i in ordered if len(i.job.call.input) <= PACK_LIMIT]
+    return small, [i for i in ordered if len(i.job.call.input) > PACK_LIMIT]
+
+
 class BatchPlan:
     """Where each call's input, output and params sit in the batch's shared
-    buffers (offsets aligned for binding), and the upload of them."""
+    buffers (offsets aligned for binding), and the upload of them. Every
+    dispatch binds its own calls' ranges only (docs/dispatch.md, "Who sees what")."""
 
     def __init__(
         self, items: list[Prepared], storage_align: int, uniform_align: int,
-        binding_limit: int = 1 << 62, max_groups: int = 65535,
+        binding_limit: int = 1 << 62, max_groups: int = 65535, sharing: call_table.Sharing = call_table.NO_SHARING,
     ) -> None:
         self.items = items
-        # Small inputs first, so the packed upload covers them and nothing else.
-        self.small = [i for i in items if len(i.job.call.input) <= PACK_LIMIT]
-        self.large = [i for i in items if len(i.job.call.input) > PACK_LIMIT]
-        in_total = out_total = u_total = 0
+        self.plain = [i for i in items if not i.pipeline.tabled]
+        # Group jobs share a dispatch with the kernel's other calls, or past one
+        # dispatch's limits (or unshared) have chunks of their own (executor._prepare_all let in those that fit).
+        shared, chunks = [], {}
+        self.group_tables = 0
+        for item in (i for i in items if i.pipeline.tabled):
+            chunk = 1
+            if item.job.calls > 1:
+                chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups, sharing.shares_table(item.pipeline))
+                self.group_tables += 1
+            if chunk < item.job.calls:
+                chunks[id(item)] = (item, chunk)
+            else:
+                shared.append(item)
+        self.small, self.large = _input_order(self.plain, shared, [item for item, _ in chunks.values()])
+        self._lay_out_inputs(storage_align)
+        out_total = u_total = 0
+        for item in self.plain:
+            item.out_stride = _out_stride(item, storage_align)
+            item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
+            if item.u_size:
+                item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
+        self.groups = [t for item, chunk in chunks.values() for t in group_table.slot_tables(item, chunk, storage_align)]
+        self.groups += _table_groups(shared, binding_limit, max_groups, sharing)
+        t_total = 0
+        for group in self.groups:
+            group.lay_out(out_total, t_total)
+            out_total += contract.align(group.out_bytes, storage_align)
+            t_total += contract.align(len(group.rows), storage_align)
+        self.out_total, self.u_total, self.t_total = out_total, u_total, t_total
+
+    def _lay_out_inputs(self, storage_align: int) -> None:
+        in_total = 0
         for item in self.small + self.large:
             item.in_stride = contract.align(item.in_size, storage_align)
             item.in_offset, in_total = in_total, in_total + item.job.calls * item.in_stride
         last = self.small[-1] if self.small else None
         # (A group's whole slots: _pack_slots views them as one (N, stride) array.)
         self.small_end = last.in_offset + (last.in_size if last.job.calls == 1 else last.job.calls * last.in_stride) if last else 0
-        self.plain = [i for i in items if not i.pipeline.tabled]
-        for item in self.plain:
-            item.out_stride = contract.align(item.out_size, storage_align)
-            item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
-            if item.u_size:
-                item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
-        # Group jobs share a dispatch with the kernel's other calls, or past one
-        # dispatch's limits have chunks of their own (executor._prepare_all let in those that fit).
-        shared, self.groups = [], []
-        self.group_tables = 0
-        for item in (i for i in items if i.pipeline.tabled):
-            chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups) if item.job.calls > 1 else 1
-            self.group_tables += item.job.calls > 1
-            if chunk < item.job.calls:
-                self.groups += group_table.slot_tables(item, chunk)
-            else:
-                shared.append(item)
-        self.groups += _table_groups(shared, binding_limit, max_groups)
-        t_total = 0
-        for group in self.groups:
-            group.lay_out(out_total, t_total)
-            out_total += contract.align(group.out_bytes, storage_align)
-            t_total += contract.align(len(group.rows), storage_align)
-        self.in_total, self.out_total, self.u_total, self.t_total = in_total, out_total, u_total, t_total
+        self.in_total = in_total
 
     def upload(self, hot, in_buf, u_buf, t_buf=None, take=None) -> list[tuple]:
         """Small inputs and all params go up as one write each, zero-padded;

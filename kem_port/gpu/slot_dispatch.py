@@ -46,6 +46,10 @@ class SlotForms:
         self._forms: OrderedDict[int, SlotForm | None] = OrderedDict()
         self._uniforms: OrderedDict[tuple, wgpu.GPUBuffer] = OrderedDict()
         self._groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
+        # (source sha256, entry point) of kernels whose slot form broke a
+        # canary (group_stage.slots_intact): never again, whatever the caches
+        # evict or a device rebuild clears. Grows by one per such kernel only.
+        self._retired: set[tuple[str, str]] = set()
         self.enabled = enabled  # KEM_SLOT_DISPATCH=off: one dispatch per slot, as before
 
     def clear(self) -> None:
@@ -61,9 +65,15 @@ class SlotForms:
             return self._forms[serial]
         form = None
         if pipeline.source is not None and pipeline.entry is not None and not pipeline.tabled and not pipeline.debugged:
-            form = _build(device, pipeline)
+            if (pipeline.source.sha256, pipeline.entry.name) not in self._retired:
+                form = _build(device, pipeline)
         _keep(self._forms, serial, form)
         return form
+
+    def retire(self, pipeline) -> None:
+        """The kernel's slot form wrote outside a slot: one dispatch per call from now on."""
+        self._retired.add((pipeline.source.sha256, pipeline.entry.name))
+        _keep(self._forms, pipeline.serial, None)
 
     def dispatch(self, encoder, device, item, in_buf, out_buf, in_serial: int, out_serial: int, binding_limit: int) -> bool:
         """Dispatch every slot of a group item at once; False (nothing
