@@ -65,6 +65,11 @@ class SharedMemory:
         raw = binary_bytes(value)
         if self.directory is None or raw is None:
             raise bad_args("shared-memory transfer needs KEM_SHM_DIR and a binary path")
+        if b"\0" in raw:
+            # The OS cannot name such a file (realpath raised ValueError,
+            # answered `internal`): a caller's mistake, and the path stays
+            # out of the reply.
+            raise bad_args("shared-memory path holds a NUL byte")
         path = os.path.realpath(raw.decode("utf-8", "replace"))
         if os.path.dirname(path) != str(self.directory):
             raise bad_args("shared-memory path is outside KEM_SHM_DIR")

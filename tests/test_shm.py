@@ -123,3 +123,30 @@ def test_through_the_port_a_planted_fifo_leaves_the_reader_serving(shm_dir, rng)
         assert err.value.reason == "bad_args"
         got = port.call("execute", b"double", (terms.atom("shm"), str(shm_dir / "3.in").encode()), {})
         assert got == __import__("reference").double(data, len(data))
+
+
+def test_a_nul_byte_in_a_shared_memory_path_is_bad_args(shm_dir, rng):
+    """A path with a NUL byte (in an input, a part list or output_shm) is
+    the caller's mistake, answered bad_args without echoing the path; it
+    was `internal` (os.path.realpath's ValueError), issue 24."""
+    data = rng.integers(0, 256, 70_001, dtype=np.uint8).tobytes()
+    (shm_dir / "4.in").write_bytes(data)
+    good = str(shm_dir / "4.in").encode()
+    hostile = str(shm_dir).encode() + b"/4.in\x00/../../etc/passwd"
+    shm = lambda path: (terms.atom("shm"), path)  # noqa: E731
+    with start_port(KEM_SHM_DIR=str(shm_dir)) as port:
+        attempts = [
+            (shm(hostile), {}),
+            (shm([good, hostile]), {}),
+            (shm(good), {terms.atom("output_shm"): hostile}),
+        ]
+        for source, opts in attempts:
+            with pytest.raises(PortError) as err:
+                port.call("execute", b"double", source, opts)
+            assert err.value.reason == "bad_args"
+            assert "NUL" in err.value.detail and str(shm_dir) not in err.value.detail
+        for size in (4, 70_001):
+            chunk = data[:size]
+            (shm_dir / f"{size}.in").write_bytes(chunk)
+            got = port.call("execute", b"double", shm(str(shm_dir / f"{size}.in").encode()), {})
+            assert got == __import__("reference").double(chunk, len(chunk))
