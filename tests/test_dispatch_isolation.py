@@ -11,11 +11,15 @@ victim byte, its arrayLength is its own input's words, victims' outputs
 are numpy's. With KEM_SHARED_TABLE_KERNELS listing the attacker its rows
 share a dispatch (stats), still never another kernel's bytes. With
 KEM_CROSS_CALLER_DISPATCH=off nothing is shared: no slot form, one
-call-table dispatch per call. (The slot form's canary: test_slot_canary.py.)
+call-table dispatch per call. On an executor of the real device: random
+batches of singles and groups of both (listed and unlisted attackers,
+victims), and the slot form's canary (a slot form that writes outside a
+slot fails its group with `internal`, is logged and retired).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -23,7 +27,15 @@ import pytest
 
 from conftest import start_port
 from kem_port import group_frames, terms
+from kem_port.config import Config
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.executor import Executor
+from kem_port.gpu.slot_dispatch import SlotForm
+from kem_port.gpu.slot_kernel import SlotKernel
+from kem_port.kernel_store import default_stores, source_from_bytes
+from kem_port.stats import Stats
 from test_call_table import TABLE_PREAMBLE
+from test_group_table import group_job
 
 # Output word 0 of a call: arrayLength of the bound input; word 1 + i: the
 # bound input's word i (every word the kernel can reach), 0 past it.
@@ -198,3 +210,110 @@ def test_the_default_port_still_runs_a_plain_group_as_one_slot_dispatch(default_
     replies = [f.result(60) for f in default_port.call_group_async(b"double", inputs)]
     assert replies == [(np.frombuffer(d, "<u4") * np.uint32(2)).tobytes() for d in inputs]
     assert delta(counts(default_port), before)["slot_dispatches"] == 1
+
+
+# -- on an executor of the real device: one batch, whatever the mix ------------------
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = Executor(Config(max_batch=512, shared_table_kernels=["listed"]), Stats())
+    ex.open()
+    return ex
+
+
+def test_random_batches_never_show_an_attacker_anothers_bytes(executor, rng):
+    """Singles and groups of a listed and an unlisted attacker, of double and
+    double_table victims, in random order, one batch each round: an unlisted
+    attacker reaches exactly its own input; a listed one only listed
+    attackers' words; victims get numpy's values."""
+    sources = {name: source_from_bytes(name, ATTACKER.encode(), "test", "local") for name in ("listed", "unlisted")}
+    store = default_stores(None)[0]
+    sources.update({name: store.lookup(name) for name in ("double", "double_table")})
+    for _ in range(4):
+        jobs, answers, sent = [], {}, []
+        for key in range(int(rng.integers(6, 20))):
+            kernel = str(rng.choice(list(sources)))
+            attacker = kernel in ("listed", "unlisted")
+            size = 4 * int(rng.integers(1, 30))
+            n = int(rng.choice([1, 1, 2, 5, 17]))
+            inputs = (attacker_inputs if attacker else secrets)(rng, n, size)
+            out = ATTACKER_OUT if attacker else size
+            sent += [(kernel, (key, k), data) for k, data in enumerate(inputs)]
+            if n == 1:
+                jobs.append(Job(KernelCall(kernel, inputs[0], out), sources[kernel],
+                                reply=lambda v, k=(key, 0): answers.__setitem__(k, bytes(v)), fail=lambda e, k=(key, 0): answers.__setitem__(k, e)))
+            else:
+                slots: dict = {}
+                job = group_job(sources[kernel], inputs, out, slots)
+                job.call = KernelCall(kernel, inputs[0], out)
+                jobs.append(job)
+                answers[key, "slots"] = slots
+        executor.run(jobs)
+        for key in [k for k in answers if k[1] == "slots"]:
+            answers.update({(key[0], slot): got for slot, got in answers.pop(key).items()})
+        listed_words = {int(w) for kernel, _, data in sent if kernel == "listed" for w in np.frombuffer(data, "<u4")}
+        for kernel, key, data in sent:
+            reply = answers[key]
+            own = np.frombuffer(data, "<u4")
+            if kernel == "unlisted":
+                reach, words = seen_by(data, reply)
+                assert reach == len(own) and words[:reach].tolist() == own.tolist() and not words[reach:].any()
+            elif kernel == "listed":
+                reach, words = seen_by(data, reply)
+                assert {int(w) for w in words} <= listed_words | {0}
+            else:
+                assert reply == (own * np.uint32(2)).tobytes(), kernel
+
+
+# A "slot form" that does what a fooled rewrite could: slot 3 writes one word
+# past its call's output (where the canaries are), the rest double as they should.
+STRAY = """
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@group(0) @binding(2) var<uniform> kem_slots: vec4<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let slot = wid.z;
+    let i = gid.x;
+    if (i < kem_slots.z) { output_words[slot * kem_slots.w + i] = input_words[slot * kem_slots.y + i] * 2u; }
+    if (i == 0u && slot == 3u) { output_words[slot * kem_slots.w + kem_slots.z] = 7u; }
+}
+"""
+
+
+def run_double_group(ex, inputs: list[bytes]) -> dict:
+    answers: dict = {}
+    job = group_job(default_stores(None)[0].lookup("double"), inputs, len(inputs[0]), answers)
+    job.call = KernelCall("double", inputs[0], len(inputs[0]))
+    ex.run([job])
+    return answers
+
+
+def test_a_slot_form_writing_outside_a_slot_fails_its_group_and_is_retired(rng, caplog):
+    ex = Executor(Config(), Stats())
+    ex.open()
+    inputs = secrets(rng, 12, 16)
+    want = {k: (np.frombuffer(d, "<u4") * np.uint32(2)).tobytes() for k, d in enumerate(inputs)}
+    assert run_double_group(ex, inputs) == want  # its real slot form: canaries intact
+    assert ex.stats.count("slot_dispatches") == 1 and ex.stats.count("slot_faults") == 0
+    (serial, form), = ex.pipelines.slots._forms.items()
+    device = ex.gpu.require()
+    stray = device.create_compute_pipeline(
+        layout=device.create_pipeline_layout(bind_group_layouts=[form.layout]),
+        compute={"module": device.create_shader_module(code=STRAY), "entry_point": "main"})
+    ex.pipelines.slots._forms[serial] = SlotForm(stray, form.layout, SlotKernel(STRAY, "main", 4, 4))
+    ex.pipelines.slots._groups.clear()  # bind groups are per form's layout: the same layout, kept anyway
+    with caplog.at_level(logging.ERROR, logger="kem_port.gpu.group_stage"):
+        got = run_double_group(ex, secrets(rng, 12, 16))
+    assert sorted(got) == list(range(12))
+    assert {(e.reason, "outside a call's slot" in e.detail) for e in got.values()} == {("internal", True)}
+    assert any("wrote outside a slot" in r.getMessage() and "double" in r.getMessage() for r in caplog.records)
+    assert ex.stats.count("slot_faults") == 1 and ex.stats.count("slot_dispatches") == 2
+    for _ in range(2):  # later groups: one dispatch per call, right values
+        inputs = secrets(rng, 9, 64)
+        assert run_double_group(ex, inputs) == {k: (np.frombuffer(d, "<u4") * np.uint32(2)).tobytes() for k, d in enumerate(inputs)}
+    assert ex.stats.count("slot_dispatches") == 2
+    ex.rebuild()  # a new device, caches cleared: still retired
+    inputs = secrets(rng, 5, 16)
+    assert len(run_double_group(ex, inputs)) == 5 and ex.stats.count("slot_dispatches") == 2
