@@ -5,7 +5,7 @@ Per slot this is the whole of the GPU thread's Python: set_bind_group and
 dispatch, in one loop with nothing looked up (Encoder.dispatch_each). The
 checks, the pipeline and the workgroup count were found once for the group
 (plan.BatchPreparer), the inputs packed with one numpy copy
-(plan._pack_slots) and the outputs zeroed with the rest of the batch's
+(input_upload.pack_slots) and the outputs zeroed with the rest of the batch's
 output range (exactly as for single calls). The slots' bind groups are
 cached as one list per layout (Pipelines.cached_slot_list): under steady
 traffic a group lands at the same offsets of the same pooled buffers, and

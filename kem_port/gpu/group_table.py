@@ -1,7 +1,7 @@
 """A group job of a call-table kernel in ONE dispatch (docs/dispatch.md,
 "A group of a call-table kernel"; docs/executor.md, "Group jobs").
 
-A group's N slots are already packed at a fixed stride (plan._pack_slots:
+A group's N slots are already packed at a fixed stride (input_upload.pack_slots:
 slot k's input at ``k * in_stride`` from the group's input offset), so its
 call table is arithmetic, built with numpy in one go: row k is
 ``(k * in_stride / 4, ceil(S / 4), k * out_words, out_words)``, the

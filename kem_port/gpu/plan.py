@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from kem_port.gpu import call_table, contract, group_table
-from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
+from kem_port.gpu.calls import FILE_INPUTS, Job
+from kem_port.gpu.input_upload import pack_slots, upload_file, write_padded, write_slots
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
@@ -226,7 +226,7 @@ class BatchPlan:
             item.in_stride = contract.align(item.in_size, storage_align)
             item.in_offset, in_total = in_total, in_total + item.job.calls * item.in_stride
         last = self.small[-1] if self.small else None
-        # (A group's whole slots: _pack_slots views them as one (N, stride) array.)
+        # (A group's whole slots: pack_slots views them as one (N, stride) array.)
         self.small_end = last.in_offset + (last.in_size if last.job.calls == 1 else last.job.calls * last.in_stride) if last else 0
         self.in_total = in_total
 
@@ -241,20 +241,20 @@ class BatchPlan:
             packed = bytearray(self.small_end)
             for item in self.small:
                 if item.job.calls > 1:
-                    _pack_slots(packed, item)
+                    pack_slots(packed, item)
                 else:
                     packed[item.in_offset : item.in_offset + len(item.job.call.input)] = item.job.call.input
             hot.write(in_buf, 0, packed)
         for item in self.large:
             data = item.job.call.input
             if item.job.calls > 1:
-                _write_slots(hot, in_buf, item)
+                write_slots(hot, in_buf, item)
             elif isinstance(data, FILE_INPUTS):
-                copy = _upload_file(hot, in_buf, data, item, take)
+                copy = upload_file(hot, in_buf, data, item, take)
                 if copy is not None:
                     copies.append(copy)
             else:
-                _write_padded(hot, in_buf, data, item.in_offset, item.in_size)
+                write_padded(hot, in_buf, data, item.in_offset, item.in_size)
         if self.u_total:
             params = bytearray(self.u_total)
             for item in self.items:
@@ -267,62 +267,3 @@ class BatchPlan:
                 rows[group.table_offset : group.table_offset + len(group.rows)] = group.rows
             hot.write(t_buf, 0, rows)
         return copies
-
-
-def _slots(item: Prepared) -> tuple[np.ndarray, int]:
-    """A group job's inputs as an (N, S) array, and S."""
-    size = len(item.job.call.input)
-    return np.frombuffer(item.job.inputs, np.uint8).reshape(item.job.calls, size), size
-
-
-def _pack_slots(packed: bytearray, item: Prepared) -> None:
-    """A group's N inputs into its N slots of the packed upload, one numpy
-    copy (the padding between slots stays the bytearray's zeros)."""
-    inputs, size = _slots(item)
-    stride = item.in_stride
-    slots = np.frombuffer(packed, np.uint8, item.job.calls * stride, item.in_offset).reshape(-1, stride)
-    slots[:, :size] = inputs
-
-
-def _write_slots(hot, buf, item: Prepared) -> None:
-    """A group of large inputs: written as they are when the slots need no
-    padding, else padded into one array first."""
-    inputs, size = _slots(item)
-    if size == item.in_stride:
-        hot.write(buf, item.in_offset, item.job.inputs)
-        return
-    padded = np.zeros((item.job.calls, item.in_stride), np.uint8)
-    padded[:, :size] = inputs
-    hot.write(buf, item.in_offset, padded)
-
-
-def _upload_file(hot, in_buf, data: FileInput | FileParts, item: Prepared, take) -> tuple | None:
-    """One host copy: the file read straight into a write-mapped upload
-    buffer, zero-padded (the GPU copies it into the input buffer). Without
-    map_write (wgpu-py's objects) two: read into memory, then write_buffer."""
-    size = item.in_size
-    if take is None or not hasattr(hot, "map_write"):
-        view = memoryview(bytearray(size))
-        data.read_into(view)
-        hot.write(in_buf, item.in_offset, view)
-        return None
-    upload = take("upload", size)
-    hot.wait_idle_map(hot.map_write(upload, 0, size))
-    try:
-        view = hot.writable(upload, 0, size)
-        data.read_into(view)
-        view[data.size : size] = bytes(size - data.size)
-    finally:
-        hot.unmap(upload)
-    return (upload, item.in_offset, size)
-
-
-def _write_padded(hot, buf, data: bytes, offset: int, padded: int) -> None:
-    """Upload data at offset and zero the bytes up to `padded`, without
-    copying data (write_buffer reads the caller's buffer directly)."""
-    body = len(data) // 4 * 4
-    if body:
-        hot.write(buf, offset, data, body)
-    tail = padded - body
-    if tail:
-        hot.write(buf, offset + body, bytes(data[body:]) + bytes(tail - (len(data) - body)))
