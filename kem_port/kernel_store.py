@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kem_port.errors import KemError
+from kem_port.gpu.wgsl_canonical import canonical
 
 PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels"
 
@@ -23,17 +24,26 @@ PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels"
 @dataclass(frozen=True)
 class KernelSource:
     kernel_id: str
-    text: str
-    sha256: str
+    text: str  # the canonical text (gpu/wgsl_canonical.py): what kem analyses and compiles
+    sha256: str  # of the bytes as published (the Arweave id's content, the refusal store's key)
     origin: str  # where it came from: a path, or gateway URL
     tier: str  # how it was admitted: "local", "strict", "pinned", "off", ...
 
 
 def source_from_bytes(kernel_id: str, data: bytes, origin: str, tier: str) -> KernelSource:
+    """The one door kernel text comes in by (directories, Arweave, api.py
+    and the CLI): from here on kem holds only the canonical text, so the
+    analyses, the rewrites and naga read one program (issue 24). Done once
+    a load: stores keep the result (~15 us for a 2 KB kernel, ~25 ms for
+    1 MiB; tests/test_wgsl_canonical.py)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise KemError("bad_kernel", f"kernel {kernel_id} is not UTF-8 text: {exc}") from None
+    try:
+        text = canonical(text)
+    except KemError as exc:
+        raise KemError(exc.reason, f"kernel {kernel_id}: {exc.detail}") from None
     return KernelSource(kernel_id, text, hashlib.sha256(data).hexdigest(), origin, tier)
 
 
@@ -53,7 +63,8 @@ class DirectoryStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._prefix = os.path.join(str(directory), "")
-        self._cache: dict[str, tuple[int, KernelSource]] = {}
+        # A refused file is remembered too: not re-read and re-lexed each call.
+        self._cache: dict[str, tuple[int, KernelSource | KemError]] = {}
         self._lock = threading.Lock()
 
     def lookup(self, kernel_id: str) -> KernelSource | None:
@@ -69,17 +80,25 @@ class DirectoryStore:
         # store whole (mtime, source) tuples (a lock here was ~0.3 us of
         # every call, on the reader).
         hit = self._cache.get(kernel_id)
-        if hit is not None and hit[0] == mtime:
-            return hit[1]
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError:
-            return None
-        source = source_from_bytes(kernel_id, data, path, "local")
-        with self._lock:
-            self._cache[kernel_id] = (mtime, source)
-        return source
+        if hit is None or hit[0] != mtime:
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                return None
+            hit = (mtime, _source_or_refusal(kernel_id, data, path))
+            with self._lock:
+                self._cache[kernel_id] = hit
+        if isinstance(hit[1], KemError):
+            raise KemError(hit[1].reason, hit[1].detail)  # a fresh one: a re-raised object grows its traceback
+        return hit[1]
+
+
+def _source_or_refusal(kernel_id: str, data: bytes, path: str) -> KernelSource | KemError:
+    try:
+        return source_from_bytes(kernel_id, data, path, "local")
+    except KemError as exc:
+        return exc
 
 
 class KernelResolver:

@@ -179,10 +179,10 @@ def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, ca
 
 
 def test_double_as_slots_and_without_a_spare_element(slot_port, rng):
-    """double's outputs with room after them in the slot take the slot form;
-    outputs that fill their slot exactly (256 bytes) go slot by slot; both
-    right."""
-    for words, slots in ((63, 1), (64, 0), (1, 1)):
+    """double's outputs take the slot form, 256-byte ones too: a group's
+    slots keep room past each output for a canary and the spare element
+    (plan.SLOT_ROOM; they went slot by slot before); all right."""
+    for words, slots in ((63, 1), (64, 1), (1, 1)):
         inputs = [rng.integers(0, 2**32, words, dtype=np.uint32) for _ in range(12)]
         before = slot_dispatches(slot_port)
         got = run_group(slot_port, "double", inputs, 1)
@@ -240,3 +240,38 @@ def test_slot_uniform_needs_whole_elements_and_a_spare_one():
     assert slot_uniform(64, 256, 244, 256, kernel) is None  # the spare would hold the output's bytes 240-243
     assert slot_uniform(64, 256, 240, 256, kernel) == (4, 16, 15, 16)
     assert slot_uniform(20, 256, 20, 256, kernel) == (1, 16, 1, 16)  # a partial vec4 is not counted
+
+
+# Issue 24: a line comment ended by a WGSL line break that tree-sitter does
+# not count as one hid a line from the rewrite while naga compiled it, so
+# the hidden ``words[i + 64u]`` indexed the batch's whole buffer: the next
+# slot, another caller's input. A lone call reads zero there (robust
+# access), so every caller's honest answer is 2x.
+HIDING_BREAKS = {"CR": "\r", "VT": "\v", "FF": "\f", "NEL": "\u0085", "LS": "\u2028", "PS": "\u2029"}
+HIDDEN_READ = """
+@group(0) @binding(0) var<storage, read> words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> doubled: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&doubled)) { return; }
+    var extra = 0u;
+    // a note{brk}extra = words[i + 64u];
+    doubled[i] = words[i] * 2u + extra;
+}
+"""
+
+
+@pytest.mark.parametrize("brk", sorted(HIDING_BREAKS))
+def test_a_line_hidden_from_the_walk_cannot_read_other_slots(tmp_path, rng, brk):
+    (tmp_path / "hidden.wgsl").write_bytes(HIDDEN_READ.replace("{brk}", HIDING_BREAKS[brk]).encode())
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as port:
+        for words in (64, 48):
+            attacker = rng.integers(0, 2**31, words, dtype=np.uint32)
+            victims = [rng.integers(1, 2**32, words, dtype=np.uint32) for _ in range(5)]
+            got = run_group(port, "hidden", [attacker] + victims, 1)  # the attacker in slot 0
+            extra = np.frombuffer(got[0], np.uint32) - attacker * np.uint32(2)
+            for secret in victims:
+                assert secret.tobytes()[:16] not in extra.tobytes(), f"slot 0 read another caller's input ({brk})"
+            for x, out in zip([attacker] + victims, got):
+                assert np.array_equal(np.frombuffer(out, np.uint32), x * np.uint32(2))

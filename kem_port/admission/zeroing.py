@@ -9,7 +9,12 @@ runtime checks cover bounds and loops only), so kem rewrites the source:
 each compute entry point starts with a loop that zeroes every workgroup
 variable, strided by ``local_invocation_index`` over the workgroup, then a
 ``workgroupBarrier()``. The rewrite is textual and small; the sacrificial
-compile (admission/guard.py) checks that the result compiles.
+compile (admission/guard.py) checks that the result compiles. It works on
+the kernel's canonical text (gpu/wgsl_canonical.py: comments and exotic
+blankspace gone, so a declaration cannot hide from it while naga compiles
+it), and the declarations it clears must number exactly the
+``var<workgroup>`` the WGSL lexer counts, and the entry points it edits
+the ``@compute`` ones, else the kernel is refused (issue 24).
 
 Atomics cannot be assigned, so they are cleared with ``atomicStore``; a
 workgroup variable of a shape the rewrite does not cover (a struct holding
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
+from kem_port.gpu.wgsl_canonical import canonical, sequence_count
 from kem_port.gpu.wgsl_reflect import _attributes, _parser
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -42,59 +48,49 @@ class WorkgroupVar:
 
 
 def strip_comments(source: str) -> str:
-    """source with every comment replaced by spaces (offsets kept).
-    WGSL block comments nest."""
-    out = list(source)
-    i, depth, n = 0, 0, len(source)
-    while i < n:
-        pair = source[i : i + 2]
-        if depth == 0 and pair == "//":
-            while i < n and source[i] not in "\n\r":
-                out[i] = " "
-                i += 1
-            continue
-        if pair == "/*":
-            depth += 1
-            out[i] = out[i + 1] = " "
-            i += 2
-            continue
-        if depth and pair == "*/":
-            depth -= 1
-            out[i] = out[i + 1] = " "
-            i += 2
-            continue
-        if depth and source[i] not in "\n\r":
-            out[i] = " "
-        i += 1
-    return "".join(out)
+    """source's canonical text (gpu/wgsl_canonical.py): comments blanked
+    as the WGSL spec reads them (every line break ends a line comment;
+    block comments nest), offsets kept; bad_kernel for text the lexer
+    cannot account for."""
+    return canonical(source)
 
 
 def workgroup_vars(code: str) -> list[WorkgroupVar]:
-    """Every module-scope ``var<workgroup>`` of comment-free code; refuses
-    a declaration it cannot read, rather than leave it uncleared."""
+    """Every module-scope ``var<workgroup>`` of canonical code; refuses
+    a declaration it cannot read, rather than leave it uncleared. The
+    count is checked on the WGSL lexer's tokens (``var`` ``<``
+    ``workgroup``, whatever spacing), not only on this regex."""
     found = [WorkgroupVar(m.group(1), " ".join(m.group(2).split())) for m in _WORKGROUP_VAR.finditer(code)]
-    if len(found) != len(_WORKGROUP_ANY.findall(code)):
+    declared = sequence_count(code, ("var", "<", "workgroup"))
+    if len(found) != len(_WORKGROUP_ANY.findall(code)) or len(found) != declared:
         raise KemError("kernel_rejected", "a var<workgroup> declaration kem cannot clear on this adapter")
     return found
 
 
 def zero_workgroup_memory(source: str) -> str:
     """source with a clearing prologue in each compute entry point; the
-    source itself when it declares no workgroup variables."""
+    source itself when it declares no workgroup variables. The result is
+    built on the canonical text (what the store gives anyway): the tree
+    walked here and the text naga compiles are one."""
     code = strip_comments(source)
     found = workgroup_vars(code)
     if not found:
         return source
-    tree = _parser().parse(code.encode("utf-8"))
+    tree = _parser().parse(code.encode("ascii"))
     edits: list[tuple[int, str]] = []
+    entries = 0
     for node in tree.root_node.children:
         if node.type == "function_declaration" and any(a == "compute" for a, _ in _attributes(node)):
             edits.extend(_entry_edits(node, code, found))
-    # tree-sitter offsets are bytes: edit the UTF-8 bytes, from the end.
-    data = source.encode("utf-8")
+            entries += 1
+    if entries != sequence_count(code, ("@", "compute")):
+        # An entry point the tree did not read (an ERROR node) would run
+        # with its workgroup memory uncleared: never run it.
+        raise KemError("kernel_rejected", "a compute entry point kem cannot parse to clear its workgroup memory")
+    # Canonical text is ASCII: tree-sitter's byte offsets are string offsets.
     for offset, text in sorted(edits, reverse=True):
-        data = data[:offset] + text.encode() + data[offset:]
-    return data.decode("utf-8")
+        code = code[:offset] + text + code[offset:]
+    return code
 
 
 def _entry_edits(fn: Node, code: str, found: list[WorkgroupVar]) -> list[tuple[int, str]]:

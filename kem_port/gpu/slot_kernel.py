@@ -27,8 +27,10 @@ of the two bindings is redirected into that slot:
 
 The lengths and strides come from a small uniform at binding 2 (one
 pipeline per kernel, whatever the sizes). The rewrite is done on
-tree-sitter's parse tree and is refused (``None``, with the reason) for
-anything it cannot prove it handles: a binding used other than through
+tree-sitter's parse tree of the kernel's canonical text (comments gone,
+blankspace ASCII: gpu/wgsl_canonical.py, so tree-sitter and naga read the
+same program), every use counted again on the WGSL lexer's tokens, and is
+refused (``None``, with the reason) for anything it cannot prove it handles: a binding used other than through
 ``[...]`` or ``arrayLength(&...)``, the input's address taken, an element
 type other than a 32-bit scalar or vector (or atomic on the output), any
 binding but 0 and 1, entry parameters other than ``vec3<u32>`` builtins,
@@ -40,12 +42,14 @@ there (gpu/slot_dispatch.py).
 
 from __future__ import annotations
 
-import re
+from collections import Counter
 from dataclasses import dataclass
 
 from tree_sitter import Node
 
-from kem_port.gpu.slot_uses import Edits, Refused, declaration, element_type, redirect_uses, without_comments
+from kem_port.errors import KemError
+from kem_port.gpu.slot_uses import Edits, Refused, declaration, element_type, redirect_uses
+from kem_port.gpu.wgsl_canonical import canonical, identifier_counts
 from kem_port.gpu.wgsl_reflect import _parser, reflect
 
 SLOT_BINDING = 2  # the uniform with the slot lengths and strides
@@ -72,6 +76,7 @@ class SlotKernel:
 
 def rewrite(source: str, entry_point: str) -> SlotKernel:
     """The slot form of ``source``'s ``entry_point``, or Refused."""
+    source, uses = _canonical_uses(source)
     shape = reflect(source)
     entry = shape.entry_points.get(entry_point)
     if entry is None or entry.stage != "compute" or entry.workgroup_size is None:
@@ -84,10 +89,9 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
         raise Refused("the input is not read-only storage")
     if by_index[1].address_space != "storage" or by_index[1].access != "read_write":
         raise Refused("the output is not read_write storage")
-    data = source.encode("utf-8")
+    code = data = source.encode("ascii")  # canonical: ASCII, no comments
     tree = _parser().parse(data)
-    code = without_comments(tree.root_node, data)
-    if re.search(rb"(?<![A-Za-z0-9_])kem_", code):
+    if any(name.startswith("kem_") for name in uses):
         raise Refused("the kernel already uses names starting with kem_")
     names = {i: b.name for i, b in by_index.items()}
     in_type, out_type = (element_type(code, names[i]) for i in (0, 1))
@@ -100,14 +104,25 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
     for name in names.values():
         # The grammar (tree-sitter-wgsl-bevy) reads some valid WGSL as ERROR
         # (atomic<T>, a call as a statement such as workgroupBarrier()):
-        # every textual use of a binding must be one this rewrite handled,
-        # else one could be left reading slot 0's neighbours unredirected.
+        # every use of a binding that the WGSL lexer finds (wgsl_canonical,
+        # the spec's tokens, not the tree's) must be one this rewrite
+        # handled, else one could be left reading other slots unredirected.
         handled = redirect_uses(tree.root_node, name, name == names[0], declaration(code, name).start(), edits)
-        if handled + 1 != len(re.findall(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])", code)):
+        if handled + 1 != uses[name]:
             raise Refused(f"{name} is used where this rewrite cannot follow it")
     _adjust_entry(_entry_node(tree.root_node, entry_point), entry.workgroup_size[2], edits)
     text = edits.apply().decode("utf-8") + _appendix(names[0], in_type, names[1])
     return SlotKernel(text, entry_point, ELEMENT_STRIDES[in_type], out_stride)
+
+
+def _canonical_uses(source: str) -> tuple[str, Counter]:
+    """The text the rewrite works on, the canonical one (the store gives
+    no other; canonical is idempotent), and its identifier tokens."""
+    try:
+        source = canonical(source)
+        return source, identifier_counts(source)
+    except KemError as exc:
+        raise Refused(exc.detail) from None
 
 
 def _entry_node(root: Node, name: str) -> Node:

@@ -2,8 +2,10 @@
 call's slot (the half of gpu/slot_kernel.py's rewrite that reads the parse
 tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` indexes
 ``output[kem_out(u32(e))]``, ``arrayLength(&x)`` the call's own length.
-Anything else refuses the rewrite, and so does a textual use the walk did
-not handle (the grammar reads some valid WGSL as ERROR).
+Anything else refuses the rewrite, and so does a use the WGSL lexer finds
+that the walk did not handle (the grammar reads some valid WGSL as ERROR).
+Everything here reads the kernel's canonical text (gpu/wgsl_canonical.py):
+no comments, so no text for the tree and naga to disagree on.
 """
 
 from __future__ import annotations
@@ -37,15 +39,6 @@ class Edits:
             out += [self.data[at:start], text]
             at = end
         return b"".join(out + [self.data[at:]])
-
-
-def without_comments(root: Node, data: bytes) -> bytes:
-    """data with every comment blanked (offsets kept)."""
-    out = bytearray(data)
-    for node in walk(root):
-        if "comment" in node.type:
-            out[node.start_byte : node.end_byte] = b" " * (node.end_byte - node.start_byte)
-    return bytes(out)
 
 
 def element_type(code: bytes, name: str) -> str:
