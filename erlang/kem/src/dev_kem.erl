@@ -18,14 +18,16 @@
 %%% original's). Fields may also all be message keys, without a body.
 %%%
 %%% Success is a 200 with the raw result bytes and the call's usage as
-%%% `kem-usage-*' keys. A failure carries `status', `error', `reason' and
-%%% `details' as top-level keys (HTTP headers) and the same as a JSON body:
-%%% a bad request is a 4xx naming the problem, a failure to run a 5xx.
-%%% Nothing in a reply names a node path.
+%%% `kem-usage-*' keys. A failure carries `status', `error' and `reason' as
+%%% top-level keys (HTTP headers: kem's own short ASCII, never a detail,
+%%% which may quote a stranger's kernel; kem_reply) and those with
+%%% `details' as a JSON body: a bad request is a 4xx naming the problem, a
+%%% failure to run a 5xx. Nothing in a reply names a node path.
 -module(dev_kem).
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
          get_adapter_info/3, execute_chain/3]).
+-export([duplicate_key/1, string_input/0]).  % for dev_kem_chain
 
 -define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
 
@@ -76,7 +78,7 @@ get_adapter_info(_Msg1, _Msg2, _Opts) ->
 execute_chain(Msg1, Msg2, Opts) ->
     event(kem, {request, execute_chain}),
     Body = try chain_body(first_found([<<"body">>], [Msg2, Msg1], Opts))
-           catch throw:{bad_request, _, _, Why} -> {bad_request, Why}
+           catch throw:{bad_request, _, Refused, Why} -> {bad_request, Refused, Why}
            end,
     case dev_kem_chain:request(Body) of
         {ok, Steps, ChainOpts} ->
@@ -87,11 +89,12 @@ execute_chain(Msg1, Msg2, Opts) ->
                     event(kem, {failed, execute_chain, Reason}),
                     failure(<<"Failed to execute chain">>, dev_kem_chain:flat_reason(Reason))
             end;
-        {bad_request, Detail} ->
-            error_reply(400, <<"Bad request">>, bad_request, Detail)
+        {bad_request, Reason, Detail} ->
+            error_reply(400, <<"Bad request">>, Reason, Detail)
     end.
 
-chain_body(Body) when is_binary(Body), Body =/= <<>> -> json_object(Body);
+%% A JSON body is marked as such: a string in it is text, never bytes.
+chain_body(Body) when is_binary(Body), Body =/= <<>> -> {json, json_object(Body)};
 chain_body(Map) when is_map(Map) -> Map;
 chain_body(_) -> bad(<<"a JSON body {input-data, steps} is required">>).
 
@@ -130,7 +133,7 @@ fields(Msg1, Msg2, Opts) ->
         Body when is_binary(Body), Body =/= <<>> ->
             case is_octet_stream(first_found([<<"content-type">>], Msgs, Opts)) of
                 true -> (key_fields(Msgs, Opts))#{input_data => Body};
-                false -> canonical(json_object(Body))
+                false -> json_fields(canonical(json_object(Body)))
             end;
         Map when is_map(Map) ->
             canonical(Map);
@@ -147,15 +150,38 @@ json_object(Body) ->
     case kem_json:decode(Body) of
         {ok, Map} when is_map(Map) -> Map;
         {ok, _} -> bad(<<"body must be a JSON object">>);
+        {error, {duplicate_key, Key}} -> bad(400, bad_args, duplicate_key(Key));
         {error, Detail} -> bad(Detail)
     end.
+
+%% @doc The refusal of a JSON object with Key twice (kem_json), for
+%% dev_kem_chain too; the key cut to 64 bytes.
+-spec duplicate_key(binary()) -> binary().
+duplicate_key(Key) ->
+    Shown = case byte_size(Key) > 64 of true -> binary:part(Key, 0, 64); false -> Key end,
+    <<"the JSON key \"", Shown/binary, "\" is given twice: which one counts is not guessed">>.
+
+%% @doc The answer to `input-data' as a JSON string (docs/hyperbeam.md):
+%% a string is text, and guessing base64 or hex would turn a mistake into
+%% a run on the wrong bytes.
+-spec string_input() -> binary().
+string_input() ->
+    <<"input-data in a JSON body must be an array of integers 0-255, not a string; to send raw bytes, "
+      "make them the body with content-type: application/octet-stream">>.
+
+json_fields(#{input_data := Text}) when is_binary(Text) -> bad(400, bad_args, string_input());
+json_fields(Fields) -> Fields.
 
 %% The fields given as message keys, kebab-case first.
 key_fields(Msgs, Opts) ->
     maps:from_list([{F, V} || F <- ?FIELDS,
                               V <- [first_found(names(F), Msgs, Opts)], V =/= not_found]).
 
+%% One field under both its names (kernel-id and kernel_id) is refused as
+%% a duplicate key is.
 canonical(Map) ->
+    [bad(400, bad_args, <<"give ", A/binary, " or ", B/binary, ", not both">>)
+     || F <- ?FIELDS, [A, B] <- [[N || N <- names(F), maps:is_key(N, Map)]]],
     maps:from_list([{F, V} || F <- ?FIELDS, V <- [first_key(names(F), Map)], V =/= not_found]).
 
 first_key([], _Map) -> not_found;
@@ -237,92 +263,15 @@ bad(Detail) -> bad(400, bad_request, Detail).
 -spec bad(400..499, atom(), binary()) -> no_return().
 bad(Status, Reason, Detail) -> throw({bad_request, Status, Reason, Detail}).
 
-%%% replies
+%%% replies (kem_reply: nothing untrusted at the top level)
 
-%% A 200 with the result bytes; the usage metered and as headers.
-success(Result, Usage, Opts) ->
-    kem_metering:report(Usage, Opts),
-    {ok, maps:merge(usage_keys(Usage),
-                    #{<<"status">> => 200, <<"body">> => Result,
-                      <<"content-type">> => <<"application/octet-stream">>})}.
+success(Result, Usage, Opts) -> kem_reply:success(Result, Usage, Opts).
 
-usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
-    #{<<"kem-usage-kernel-id">> => K,
-      <<"kem-usage-node">> => atom_to_binary(maps:get(node, Usage, node()), utf8),
-      <<"kem-usage-bytes-in">> => In,
-      <<"kem-usage-bytes-out">> => Out,
-      <<"kem-usage-us">> => Us,
-      <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}.
+failure(Message, Reason) -> kem_reply:failure(Message, Reason).
 
-failure(Message, {Reason, Detail}) when is_atom(Reason) ->
-    retry_after(Reason, error_reply(status(Reason), Message, Reason, Detail));
-failure(Message, Other) ->
-    error_reply(500, Message, internal, Other).
+error_reply(Status, Message, Reason, Detail) -> kem_reply:error(Status, Message, Reason, Detail).
 
-%% The fields at the top level, where HyperBEAM's httpsig codec makes them
-%% headers, and again as a JSON body: a map body would become a link plus
-%% the node's HTML index page.
-error_reply(Status, Message, Reason, Detail) ->
-    Fields = #{<<"error">> => Message,
-               <<"reason">> => atom_to_binary(Reason, utf8),
-               <<"details">> => kem_redact:text(Detail)},
-    {error, Fields#{<<"status">> => Status,
-                    <<"content-type">> => <<"application/json">>,
-                    <<"body">> => kem_json:encode(Fields)}}.
-
-%% A port being replaced (a warm spare takes over within ms, docs/
-%% reliability.md): the same request may be sent again, so say when. A
-%% top-level binary becomes a header (httpsig); HTTP's unit is 1 s. Not
-%% for `session_lost': that session is gone, a retry needs a new one.
-retry_after(Reason, {error, Fields}) when Reason =:= port_exited; Reason =:= port_restarted;
-                                         Reason =:= port_unavailable ->
-    {error, Fields#{<<"retry-after">> => <<"1">>}};
-retry_after(_Reason, Reply) ->
-    Reply.
-
-json_reply(Status, Map) ->
-    {ok, #{<<"status">> => Status,
-           <<"content-type">> => <<"application/json">>,
-           <<"body">> => kem_json:encode(Map)}}.
-
-%% Who must act: the requester (4xx) or the node (5xx). An unknown kernel
-%% is a 400, not a 404: HyperBEAM replaces every 404 reply sent with its
-%% default codec by its own HTML page, and the reason would be lost.
-status(bad_request) -> 400;
-status(bad_args) -> 400;
-status(invalid_kernel_id) -> 400;
-status(kernel_not_found) -> 400;
-status(not_found) -> 400;
-status(too_large) -> 413;
-status(not_pinned) -> 403;
-status(owner_not_allowed) -> 403;
-status(shader_error) -> 422;
-status(bad_kernel) -> 422;
-status(dispatch_too_large) -> 422;
-status(kernel_rejected) -> 422;
-status(no_buffer) -> 400;
-status(quota_exceeded) -> 413;
-status(overloaded) -> 503;
-status(quarantined) -> 503;
-status(port_unavailable) -> 503;
-%% The node's port died or was replaced under the call: the node's fault,
-%% and passing (503), not a bug (500).
-status(port_exited) -> 503;
-status(port_restarted) -> 503;
-status(session_lost) -> 503;
-status(not_started) -> 503;
-status(no_kem_node) -> 503;
-status(no_local_gpu) -> 503;
-status(timeout) -> 504;
-status(Reason) ->
-    %% Every gateway failed to prove the kernel: the fault is upstream.
-    case lists:member(Reason, [id_mismatch, bad_signature, data_root_mismatch, size_mismatch,
-                               header_unavailable, bad_header, pin_mismatch,
-                               unsupported_signature_type, fetch_failed, unreachable,
-                               http_error, bad_response]) of
-        true -> 502;
-        false -> 500
-    end.
+json_reply(Status, Map) -> kem_reply:json(Status, Map).
 
 %%% HyperBEAM integration, optional outside a node
 
@@ -355,38 +304,3 @@ event(Topic, Term) ->
         true -> hb_event:log(Topic, Term, ?MODULE, ?FUNCTION_NAME, ?LINE);
         false -> logger:debug("~p: ~p", [Topic, Term])
     end.
-
-%%% tests
-
--ifdef(TEST).
--include_lib("eunit/include/eunit.hrl").
-
-%% Every reason the port or kem can give maps to the side that must act:
-%% the requester (4xx) for what a request or its kernel did, the node or an
-%% upstream gateway (5xx) for what failed to run.
-status_by_reason_test() ->
-    Client = [bad_args, invalid_kernel_id, kernel_not_found, too_large, shader_error,
-              bad_kernel, kernel_rejected, no_buffer, quota_exceeded, not_pinned],
-    [?assert(status(R) >= 400 andalso status(R) < 500) || R <- Client],
-    ?assertEqual(422, status(kernel_rejected)),
-    ?assertEqual(503, status(quarantined)),
-    ?assertEqual(502, status(bad_response)),
-    ?assertEqual(502, status(fetch_failed)),
-    ?assertEqual(500, status(internal)).
-
-%% A restarting port is a 503 with a JSON body and a Retry-After header; a
-%% lost session is a 503 without one (sending it again cannot help).
-restart_replies_test() ->
-    [begin
-         {error, Reply} = failure(<<"kem call failed">>, {Reason, <<"the port is restarting">>}),
-         ?assertMatch(#{<<"status">> := 503, <<"retry-after">> := <<"1">>,
-                        <<"content-type">> := <<"application/json">>}, Reply),
-         ?assertMatch({ok, #{<<"reason">> := _}}, kem_json:decode(maps:get(<<"body">>, Reply)))
-     end || Reason <- [port_exited, port_restarted, port_unavailable]],
-    {error, Lost} = failure(<<"kem call failed">>, {session_lost, <<"the port that held this session exited">>}),
-    ?assertMatch(#{<<"status">> := 503}, Lost),
-    ?assertNot(maps:is_key(<<"retry-after">>, Lost)),
-    {error, Internal} = failure(<<"kem call failed">>, {internal, <<"x">>}),
-    ?assertMatch(#{<<"status">> := 500}, Internal),
-    ?assertNot(maps:is_key(<<"retry-after">>, Internal)).
--endif.

@@ -13,19 +13,28 @@
 
 -define(MAX_STEPS, 256).
 
-%% @doc The steps and chain options of a decoded JSON body (field names
-%% kebab-case or snake_case, as dev_kem accepts them).
--spec request(map() | {bad_request, binary()}) -> {ok, [kem_session:step()], map()} | {bad_request, binary()}.
-request({bad_request, Detail}) ->
-    {bad_request, Detail};
+%% @doc The steps and chain options of a decoded JSON body (`{json,
+%% Map}') or a message's map body (field names kebab-case or snake_case, as
+%% dev_kem accepts them; one field under both names is refused, as a JSON
+%% key given twice is). Sizes and dispatches are checked on the request
+%% road, kem:request_chain_usage/2 (kem_chain_budget).
+-spec request({json, map()} | map() | {bad_request, atom(), binary()}) ->
+    {ok, [kem_session:step()], map()} | {bad_request, atom(), binary()}.
+request({bad_request, Reason, Detail}) ->
+    {bad_request, Reason, Detail};
+request({json, Body}) ->
+    fields(Body, json);
 request(Body) ->
+    fields(Body, message).
+
+fields(Body, Origin) ->
     try
-        Fields = snake(Body),
+        Fields = snake(0, Body),
         Steps = steps(maps:get(<<"steps">>, Fields, missing)),
-        Input = input(maps:get(<<"input_data">>, Fields, <<>>)),
+        Input = input(maps:get(<<"input_data">>, Fields, <<>>), Origin),
         {ok, Steps, #{input => Input}}
     catch
-        throw:{bad_request, Detail} -> {bad_request, Detail}
+        throw:{bad_request, Reason, Detail} -> {bad_request, Reason, Detail}
     end.
 
 %% @doc A chain step's failure as dev_kem's `{Reason, Detail}': "step N: ...".
@@ -35,9 +44,17 @@ flat_reason({Reason, #{step := N, detail := D}}) when is_integer(N), is_binary(D
 flat_reason(Reason) ->
     Reason.
 
-snake(Map) when is_map(Map) ->
-    maps:from_list([{binary:replace(K, <<"-">>, <<"_">>, [global]), V} || {K, V} <- maps:to_list(Map), is_binary(K)]);
-snake(Other) ->
+%% N: the step the map is (0: the body).
+snake(N, Map) when is_map(Map) ->
+    Pairs = [{binary:replace(K, <<"-">>, <<"_">>, [global]), K, V} || {K, V} <- maps:to_list(Map), is_binary(K)],
+    Snake = maps:from_list([{S, V} || {S, _, V} <- Pairs]),
+    case map_size(Snake) =:= length(Pairs) of
+        true -> Snake;
+        false ->
+            [Twice | _] = [K || {S, K, _} <- Pairs, length([x || {S2, _, _} <- Pairs, S2 =:= S]) > 1],
+            bad(N, bad_args, dev_kem:duplicate_key(Twice))
+    end;
+snake(_N, Other) ->
     Other.
 
 steps(List) when is_list(List), List =/= [], length(List) =< ?MAX_STEPS ->
@@ -46,7 +63,7 @@ steps(missing) -> bad(<<"steps is required: a list of {kernel_id, ...}">>);
 steps(_) -> bad(<<"steps must be a non-empty array of at most 256 objects">>).
 
 step(N, Map) when is_map(Map) ->
-    Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, #{}, snake(Map)),
+    Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, #{}, snake(N, Map)),
     maps:is_key(kernel, Step) orelse bad(N, <<"a step needs kernel_id">>),
     Step;
 step(N, _) -> bad(N, <<"a step must be an object">>).
@@ -55,7 +72,7 @@ field(_, <<"kernel_id">>, Id, Acc) when is_binary(Id), Id =/= <<>> -> Acc#{kerne
 field(_, <<"params">>, Words, Acc) when is_list(Words), Words =/= [] ->
     case lists:all(fun(X) -> is_integer(X) andalso X >= 0 andalso X =< 16#FFFFFFFF end, Words) of
         true -> Acc#{params => << <<X:32/little>> || X <- Words >>};
-        false -> throw({bad_request, <<"params must be integers 0..4294967295">>})
+        false -> bad(<<"params must be integers 0..4294967295">>)
     end;
 field(_, <<"output_size">>, Size, Acc) when is_integer(Size), Size >= 0 -> Acc#{output_size => Size};
 field(_, <<"workgroups">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
@@ -67,16 +84,22 @@ field(_, <<"bind">>, Bind, Acc) when is_map(Bind) -> Acc#{bind => Bind};
 field(N, Key, _, _) when is_binary(Key) ->
     bad(N, <<"bad or unknown field ", Key/binary>>).
 
-input(List) when is_list(List) ->
+input(List, _Origin) when is_list(List) ->
     case lists:all(fun(B) -> is_integer(B) andalso B >= 0 andalso B =< 255 end, List) of
         true -> list_to_binary(List);
         false -> bad(<<"input_data must be an array of integers 0-255">>)
     end;
-input(Bin) when is_binary(Bin) -> Bin;
-input(_) -> bad(<<"input_data must be an array of integers 0-255">>).
+input(Text, json) when is_binary(Text) -> bad(0, bad_args, dev_kem:string_input());
+input(Bin, message) when is_binary(Bin) -> Bin;  % a message's value: raw bytes
+input(_, _Origin) -> bad(<<"input_data must be an array of integers 0-255">>).
 
 -spec bad(binary()) -> no_return().
-bad(Detail) -> throw({bad_request, Detail}).
+bad(Detail) -> bad(0, bad_request, Detail).
 
--spec bad(pos_integer(), binary()) -> no_return().
-bad(N, Detail) -> throw({bad_request, <<"step ", (integer_to_binary(N))/binary, ": ", Detail/binary>>}).
+-spec bad(non_neg_integer(), binary()) -> no_return().
+bad(N, Detail) -> bad(N, bad_request, Detail).
+
+%% N: the step at fault, 0 for the body.
+-spec bad(non_neg_integer(), atom(), binary()) -> no_return().
+bad(0, Reason, Detail) -> throw({bad_request, Reason, Detail});
+bad(N, Reason, Detail) -> throw({bad_request, Reason, <<"step ", (integer_to_binary(N))/binary, ": ", Detail/binary>>}).

@@ -158,26 +158,33 @@ session_call(Session, KernelId, Input, Opts) ->
                 Reply = element(1, counted(session_call, usage_kernel(KernelId), Input, Run)),
                 quarantine_on_timeout(kernel_id(KernelId), Timeout, Reply)
             end).
-%% A chain's steps share one timeout, so which step outlived it is unknown:
-%% a timed-out chain quarantines nothing (a stranger could otherwise get any
-%% kernel refused by chaining it with a slow one).
+%% A chain that outlived the default timeout on the GPU counts against its
+%% kernels (kem_timeout:kernel_was_stuck/1), but its steps share one
+%% timeout, so which one ran away is unknown: a chain of one kernel
+%% quarantines that kernel; a chain of several quarantines each for chains
+%% only (`{chain, Kernel}'), so a stranger who chains `double' with a slow
+%% kernel cannot get `double' refused to every caller.
 -spec chain([kem_session:step()], map()) -> {ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}.
 chain(Steps, Opts) ->
     element(1, chain_checked(Steps, Opts)).
 
 %% @doc A stateless chain from outside the node (dev_kem's execute_chain),
 %% also returning what it cost: as `chain/2', with `request/2''s output
-%% budget on the chain's input (the default size of a step's output) and on
-%% every step's `output_size'.
+%% budget on the chain's input and on all the buffers its steps make
+%% together, and each step's `workgroups' bounded by its output
+%% (kem_chain_budget).
 -spec request_chain_usage([kem_session:step()], map()) ->
     {{ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}, usage()}.
 request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
     Budget = request_budget(),
-    Sizes = [byte_size(I) || I <- [maps:get(input, Opts, <<>>)], is_binary(I)]
-        ++ [maps:get(output_size, S, 0) || S <- proper(Steps), is_map(S)],
-    case [Size || Size <- Sizes, is_integer(Size), Size > Budget] of
-        [] -> chain_checked(Steps, maps:without([session], Opts));
-        [Size | _] -> {{error, {too_large, over_budget(Size, Budget)}}, no_usage()}
+    Input = maps:get(input, Opts, <<>>),
+    case is_binary(Input) andalso byte_size(Input) > Budget of
+        true -> {{error, {too_large, over_budget(byte_size(Input), Budget)}}, no_usage()};
+        false ->
+            case kem_chain_budget:check(proper(Steps), Input, Budget) of
+                ok -> chain_checked(Steps, maps:without([session], Opts));
+                Refused -> {Refused, no_usage()}
+            end
     end;
 request_chain_usage(_Steps, _Opts) ->
     {{error, {bad_args, <<"request_chain_usage(Steps :: [map()], Opts :: map())">>}}, no_usage()}.
@@ -276,17 +283,24 @@ port_call(Method, Args, Timeout) ->
     end.
 
 chain_checked(Steps, Opts) ->
+    Kernels = lists:usort([K || #{kernel := K} <- proper(Steps), is_binary(K)]),
     Checks = [fun() -> opt_timeout(Opts) end,
               fun() -> case is_map(Opts) of true -> kem_args:payload(maps:get(input, Opts, <<>>)); false -> ok end end
-              | [fun() -> quarantine_check(kernel_id(maps:get(kernel, Step, none))) end
-                 || Step <- proper(Steps), is_map(Step)]],
+              | [fun() -> quarantine_check(Key) end || K <- Kernels, Key <- [K, {chain, K}]]],
     case guarded(Checks, fun() -> ok end) of
         ok ->
             Input = case is_map(Opts) of true -> maps:get(input, Opts, <<>>); false -> <<>> end,
-            counted(chain, chain_kernels(Steps), Input, fun() -> kem_session:chain(Steps, Opts) end);
+            Timeout = case is_map(Opts) of true -> maps:get(timeout, Opts, default_timeout()); false -> none end,
+            {Reply, Usage} = counted(chain, chain_kernels(Steps), Input, fun() -> kem_session:chain(Steps, Opts) end),
+            {quarantine_on_timeout(chain_quarantine(Kernels), Timeout, Reply), Usage};
         Error ->
             {Error, no_usage()}
     end.
+
+%% Who a chain's timeout counts against: its one kernel, or each of its
+%% kernels for chains only.
+chain_quarantine([Kernel]) -> [Kernel];
+chain_quarantine(Kernels) -> [{chain, K} || K <- Kernels].
 
 %% What ran, for usage records: the steps' kernel ids, comma-separated.
 chain_kernels(Steps) ->
@@ -353,6 +367,9 @@ quarantine_check(Kernel) -> kem_quarantine:check(Kernel).
 %% Only a kernel that outlived the full default timeout: a caller that asked
 %% for less cannot get a kernel refused for everyone. Nor one whose call
 %% only waited, for a fetch or in the queue (kem_timeout).
+quarantine_on_timeout(Kernels, Timeout, {error, {timeout, _}} = Result) when is_list(Kernels) ->
+    [quarantine_on_timeout(K, Timeout, Result) || K <- Kernels],
+    Result;
 quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
         when Kernel =/= none, is_integer(Timeout) ->
     case Timeout >= default_timeout() andalso kem_timeout:kernel_was_stuck(Result) of

@@ -17,6 +17,7 @@
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
 -define(TABLE, ?MODULE).
+-type key() :: binary() | {chain, binary()}.
 %% Expired entries are dropped when the table grows past this many ids: an
 %% attacker pays a whole timeout per entry, so it stays small.
 -define(PRUNE_AT, 1000).
@@ -25,22 +26,30 @@
 start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
-%% @doc `ok', or the refusal for a quarantined kernel.
--spec check(binary()) -> ok | {error, {quarantined, binary()}}.
-check(KernelId) ->
+%% @doc `ok', or the refusal for a quarantined kernel: `KernelId' for
+%% every use, `{chain, KernelId}' in chains only (a chain of several
+%% kernels timed out, and which one ran away is unknown; kem.erl).
+-spec check(key()) -> ok | {error, {quarantined, binary()}}.
+check(Key) ->
     Now = now_ms(),
-    try ets:lookup(?TABLE, KernelId) of
+    try ets:lookup(?TABLE, Key) of
         [{_, Until}] when Until > Now ->
             {error, {quarantined, iolist_to_binary(
-                io_lib:format("this kernel's last call timed out; it is refused for another ~b s",
-                              [(Until - Now + 999) div 1000]))}};
+                io_lib:format("this kernel's last ~s timed out; it is refused~s for another ~b s",
+                              [what(Key), where(Key), (Until - Now + 999) div 1000]))}};
         _ -> ok
     catch
         error:badarg -> ok  % the app is not running: nothing is quarantined
     end.
 
-%% @doc Quarantine KernelId for `quarantine_ms' from now.
--spec add(binary()) -> ok.
+what({chain, _}) -> "chain";
+what(_) -> "call".
+
+where({chain, _}) -> " in chains";
+where(_) -> "".
+
+%% @doc Quarantine Key (as check/1 takes it) for `quarantine_ms' from now.
+-spec add(key()) -> ok.
 add(KernelId) ->
     case application:get_env(kem, quarantine_ms, 60000) of
         Ms when is_integer(Ms), Ms > 0 ->

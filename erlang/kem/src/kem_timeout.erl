@@ -13,7 +13,10 @@
 %%%   saying what it waited for, and the port stays (the port drops the
 %%%   call itself when it reaches it: its deadline has passed);
 %%% - no answer in `probe_timeout' ms (default 1000): the reader itself is
-%%%   stuck (an inline call): treated as `running'.
+%%%   stuck (an inline call): the port is killed as for `running'.
+%%% Only the first counts against the kernel (kem_quarantine, through
+%%% `kernel_was_stuck/1'): with a stuck reader, the call whose timer fired
+%%% first need not be the one holding it.
 %%% Asking costs nothing per call; a per-call "started on the GPU" notice
 %%% would cost a frame per batch on the hot path for an event that is rare.
 %%% The call's own reply, when it comes while the probe is out, still wins.
@@ -23,20 +26,33 @@
 
 -type state() :: map().
 
-%% Details of a timeout that was not the kernel's doing: it waited (for a
-%% fetch, in the queue) and its port was kept. The port's own answers and
-%% `finish/4' below write them.
 -define(PLACED, [execute_kernel, execute_kernel_with_params, execute]).
--define(NOT_STUCK, [<<"the port was kept">>, <<"waiting for the kernel fetch">>, <<"in the port's queue">>]).
+%% Written by finish/5, and only there, into the timeout of a call the port
+%% said the GPU was inside: the one timeout that is the kernel's doing.
+-define(ON_GPU, <<" did not finish in time: it was running on the GPU: ">>).
 
 %% @doc Whether a `{error, {timeout, Detail}}' means the kernel itself ran
-%% past its time (kem_quarantine refuses it for a while), not a call that
-%% only waited for a fetch or for other work.
+%% past its time on the GPU (kem_quarantine refuses it for a while). Only
+%% positive evidence counts: the port answered `running' for that very call
+%% (for a chain, which the port cannot place, an answer that is neither
+%% queued nor fetching). Not a call that waited for a fetch, for the GPU
+%% queue or for its kernel's compile; not a probe left unanswered (the
+%% reader is stuck, and which call holds it is unknown); not "the port
+%% owner did not answer in time" (the owner was busy or suspended on a
+%% full pipe: every caller of the port gets that, innocent or not).
 -spec kernel_was_stuck({error, {timeout, binary()}}) -> boolean().
 kernel_was_stuck({error, {timeout, Detail}}) when is_binary(Detail) ->
-    binary:match(Detail, ?NOT_STUCK) =:= nomatch;
+    case binary:match(Detail, ?ON_GPU) of
+        {At, _} -> is_method(binary:part(Detail, 0, At));
+        nomatch -> false
+    end;
 kernel_was_stuck(_) ->
-    true.
+    false.
+
+%% The text before ?ON_GPU is the method's name (finish/5), never a port's
+%% or a caller's words.
+is_method(Name) ->
+    lists:member(Name, [atom_to_binary(M) || M <- [chain, session_call | ?PLACED]]).
 
 %% @doc The timer of pending call Id fired: probe the port.
 -spec call_timed_out(integer(), state()) -> {noreply, state()} | {stop, term(), state()}.
@@ -47,7 +63,7 @@ call_timed_out(Id, State = #{port := Port, next := ProbeId, probes := Probes}) -
             TRef = erlang:send_after(Grace, self(), {probe_timeout, ProbeId}),
             {noreply, State#{next := ProbeId + 1, probes := Probes#{ProbeId => {Id, TRef}}}}
     catch
-        error:badarg -> finish(Id, <<"running">>, <<"the port is gone">>, State)
+        error:badarg -> finish(Id, <<"running">>, <<"the port is gone">>, State, guessed)
     end.
 
 %% @doc The port said where the call is.
@@ -57,7 +73,7 @@ probe_answered(ProbeId, Result, State = #{probes := Probes}) ->
     _ = erlang:cancel_timer(TRef, [{async, true}, {info, false}]),
     case Result of
         {ok, #{state := Where, detail := Detail}} -> finish(Id, Where, Detail, State#{probes := Rest});
-        _ -> finish(Id, <<"unknown">>, <<"the port could not say where the call is">>, State#{probes := Rest})
+        _ -> finish(Id, <<"unknown">>, <<"the port could not say where the call is">>, State#{probes := Rest}, guessed)
     end.
 
 %% @doc The port did not answer the probe in time: its reader is stuck.
@@ -66,12 +82,17 @@ probe_unanswered(ProbeId, State = #{probes := Probes}) ->
     case maps:take(ProbeId, Probes) of
         {{Id, _}, Rest} ->
             finish(Id, <<"running">>, <<"the port did not say where the call is; it is stuck">>,
-                   State#{probes := Rest});
+                   State#{probes := Rest}, guessed);
         error ->
             {noreply, State}
     end.
 
-finish(Id, Where, Detail, State = #{pending := Pending}) ->
+finish(Id, Where, Detail, State) ->
+    finish(Id, Where, Detail, State, answered).
+
+%% Answered: whether Where is the port's own answer (`answered') or the
+%% owner's guess (`guessed': no answer, or no port).
+finish(Id, Where, Detail, State = #{pending := Pending}, Answered) ->
     case maps:take(Id, Pending) of
         {{From, _TRef, Method, _Shape}, Rest} ->
             %% The port places only plain kernel calls (intake); session
@@ -82,7 +103,11 @@ finish(Id, Where, Detail, State = #{pending := Pending}) ->
                 true -> <<"; the port was restarted">>;
                 false -> <<"; the port was kept">>
             end,
-            Text = iolist_to_binary([atom_to_binary(Method), <<" did not finish in time: ">>, Detail, Suffix]),
+            Verdict = case on_gpu(Method, Where, Answered) of
+                true -> ?ON_GPU;
+                false -> <<" did not finish in time: ">>
+            end,
+            Text = iolist_to_binary([atom_to_binary(Method), Verdict, Detail, Suffix]),
             gen_server:reply(From, {error, {timeout, Text}}),
             case Stuck of
                 true -> kem_port:maybe_kill(State#{pending := Rest}, Id);
@@ -92,3 +117,10 @@ finish(Id, Where, Detail, State = #{pending := Pending}) ->
             %% Its reply came while the probe was out and was delivered.
             {noreply, State}
     end.
+
+%% The port said the GPU thread is inside the call; a chain or session call
+%% it cannot place (its GPU actions carry no tag: call_state answers
+%% `unknown') counts when the port answered and did not say it waited.
+on_gpu(_Method, <<"running">>, answered) -> true;
+on_gpu(Method, <<"unknown">>, answered) -> not lists:member(Method, ?PLACED);
+on_gpu(_Method, _Where, _Answered) -> false.

@@ -212,9 +212,10 @@ dev_kem_chain_bad_requests() ->
     ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"input_data">> => [1, 2, 3, 4]})),
     ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"steps">> => [#{<<"colour">> => 1}]})),
     ?assertMatch({error, #{<<"status">> := 400}}, Run(#{<<"steps">> => [#{<<"kernel_id">> => <<"double">>, <<"session">> => 1}]})),
-    {error, #{<<"status">> := 400, <<"reason">> := <<"kernel_not_found">>, <<"details">> := Detail}} =
+    {error, #{<<"status">> := 400, <<"reason">> := <<"kernel_not_found">>, <<"body">> := Body}} =
         Run(#{<<"input-data">> => [1, 2, 3, 4],
               <<"steps">> => [#{<<"kernel-id">> => <<"double">>}, #{<<"kernel_id">> => <<"no_such">>}]}),
+    {ok, #{<<"details">> := Detail}} = kem_json:decode(Body),
     ?assertMatch(<<"step 2: ", _/binary>>, Detail),
     ?assertMatch({error, #{<<"status">> := 400}}, dev_kem:execute_chain(#{}, #{<<"body">> => <<"{not json">>}, #{})),
     ?assertMatch({error, #{<<"status">> := 400}}, dev_kem:execute_chain(#{}, #{}, #{})).
