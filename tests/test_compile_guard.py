@@ -43,7 +43,7 @@ ATTACKS = {
     # The size behind a constant: only the worker's memory limit sees it.
     "private_array_const": kernel("p[g.x % 7u] = inp[g.x]; out[g.x] = p[inp[0] % 1000u];",
                                   "const N = 50000000u;\nvar<private> p: array<u32, N>;\n"),
-    # 2^40 inlined calls: only the worker's deadline (or stack) sees it.
+    # 2^40 inlined calls: refused by the inlined-size bound (admission/limits.py) before any compile.
     "doubling_calls": kernel("out[g.x] = f0(inp[g.x]);", CALL_CHAIN + "fn f40(x: u32) -> u32 { return x * 3u; }\n"),
 }
 TRIPLE = kernel("out[g.x] = inp[g.x] * 3u;")
@@ -183,3 +183,75 @@ def test_chain_kernels_are_admitted_like_call_kernels(kernel_dir, rng):
             assert (err.value.reason, err.value.step) == ("kernel_rejected", 2), attack
         assert port.chain([{"kernel": "triple"}, {"kernel": "double"}], input=words.tobytes()) == (words * 6).tobytes()
         assert port.proc.pid == pid and port.proc.poll() is None
+
+
+# -- the inlined-size bound (issue 24, item 5) ------------------------------
+
+def nested_doubling(levels: int) -> str:
+    """The red team's 1.3 KB kernel: f(k) calls f(k-1) twice, so main's code
+    inlined is 2^levels copies of f0 (17 levels compiled for 9.6 s)."""
+    helpers = "fn f0(x: u32) -> u32 { return x * 3u + 1u; }\n" + "".join(
+        f"fn f{i}(x: u32) -> u32 {{ return f{i - 1}(f{i - 1}(x)); }}\n" for i in range(1, levels + 1))
+    return kernel(f"out[g.x] = f{levels}(inp[g.x]);", helpers)
+
+
+HELPERS = kernel(
+    "let v = inp[g.x];\n    out[g.x] = mix3(rotl(v, 5u), rotl(v, 13u), clamp_add(v, 7u)) ^ clamp_add(rotl(v, 1u), 3u);",
+    "fn rotl(x: u32, n: u32) -> u32 { return (x << n) | (x >> (32u - n)); }\n"
+    "fn clamp_add(x: u32, y: u32) -> u32 { return select(x + y, 0xffffffffu, x > 0xffffffffu - y); }\n"
+    "fn mix3(a: u32, b: u32, c: u32) -> u32 { return rotl(a ^ b, 7u) + clamp_add(b, c) * 9u; }\n")
+
+
+def helpers_reference(v: np.ndarray) -> np.ndarray:
+    v = v.astype(np.uint64)
+    m = np.uint64(0xFFFFFFFF)
+
+    def rotl(x, n):
+        return ((x << np.uint64(n)) | (x >> np.uint64(32 - n))) & m
+
+    def clamp_add(x, y):
+        y = np.uint64(y) if np.isscalar(y) else y
+        return np.where(x > m - y, m, (x + y) & m)
+
+    def mix3(a, b, c):
+        return (rotl(a ^ b, 7) + (clamp_add(b, c) * np.uint64(9)) & m) & m
+
+    return (mix3(rotl(v, 5), rotl(v, 13), clamp_add(v, 7)) ^ clamp_add(rotl(v, 1), 3)).astype("<u4")
+
+
+def test_nested_doubling_refused_in_milliseconds_by_its_inlined_size():
+    for levels in (11, 17, 40):
+        started = time.perf_counter()
+        with pytest.raises(KemError) as err:
+            check_structure(nested_doubling(levels))
+        took = time.perf_counter() - started
+        print(f"{levels} levels: refused in {took * 1e3:.1f} ms: {err.value.detail}")
+        assert err.value.reason == "kernel_rejected"
+        assert "inlined" in err.value.detail and "main" in err.value.detail
+        assert took < 0.5  # the compile it replaces took 9.6 s at 17 levels
+    check_structure(nested_doubling(8))  # 2^8 copies of a one-line helper: still a small kernel
+    check_structure(HELPERS)
+
+
+def test_nested_doubling_refused_through_the_port_while_bystanders_are_served(kernel_dir, rng):
+    (kernel_dir / "doubling17.wgsl").write_text(nested_doubling(17))
+    (kernel_dir / "helpers.wgsl").write_text(HELPERS)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"), **GUARD_ENV) as port:
+        for n in (1, 17, 1000, 4096):  # a kernel with helper functions is admitted, and right
+            words = rng.integers(0, 2**32, n, dtype=np.uint32)
+            assert port.call("execute_kernel", b"helpers", words.tobytes(), 1) == helpers_reference(words).tobytes()
+        with ThreadPoolExecutor(4) as pool:
+            started = time.perf_counter()
+            attack = pool.submit(port.call, "execute_kernel", b"doubling17", bytes(256), 1)
+            for n in (3, 64, 999):
+                words = rng.integers(0, 2**32, n, dtype=np.uint32)
+                assert port.call("execute_kernel", b"double", words.tobytes(), 1) == (words * np.uint32(2)).tobytes()
+            with pytest.raises(PortError) as err:
+                attack.result(30)
+            took = time.perf_counter() - started
+        print(f"refused in {took:.2f} s: {err.value.detail}")
+        assert err.value.reason == "kernel_rejected" and "inlined" in err.value.detail
+        assert took < 2.0
+        with pytest.raises(PortError) as again:
+            port.call("execute_kernel", b"doubling17", bytes(256), 1)
+        assert "refused before" in again.value.detail

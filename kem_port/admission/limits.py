@@ -7,9 +7,12 @@ arms overflow the compiling thread's stack. Every one of those is a deep
 syntax tree, so one iterative walk over the tree-sitter tree kem already
 builds (wgsl_reflect) bounds them all: the tree's depth, its size, and the
 element counts of arrays declared with literal sizes (a large private array
-made compilation grow by hundreds of MB/s). What this walk cannot see (sizes
-named by constants, call graphs) is left to the sacrificial compile
-(admission/guard.py), which has resource limits.
+made compilation grow by hundreds of MB/s), and each entry point's code
+with every call inlined (gpu/wgsl_calls.py: the driver inlines, so 17
+nested doubling helpers, 1.3 KB of source, are 2^17 copies of the first
+and compiled for 9.6 s). What this walk cannot see (sizes named by
+constants) is left to the sacrificial compile (admission/guard.py), which
+has resource limits.
 
 Figures (tests/test_admission/guard.py prints them): kem's own kernels reach
 depth < 40; 5,000 nested parentheses are depth ~5,000, found in ~4 ms.
@@ -20,6 +23,7 @@ from __future__ import annotations
 from tree_sitter import Node
 
 from kem_port.errors import KemError
+from kem_port.gpu.wgsl_calls import call_graph, expanded_sizes
 from kem_port.gpu.wgsl_reflect import _parser, parse_int_literal
 
 MAX_SOURCE_BYTES = 1 << 20  # KEM_MAX_KERNEL_BYTES' default
@@ -27,6 +31,15 @@ MAX_TREE_DEPTH = 400  # ~130 nested parentheses (3 tree levels each), 400 chaine
 MAX_TREE_NODES = 200_000  # a 60 KB kernel is ~20,000
 MAX_PRIVATE_ELEMENTS = 16_384  # per invocation, private or function arrays
 MAX_WORKGROUP_ELEMENTS = 65_536
+# Syntax nodes of an entry point with every call inlined. Real kernels are
+# far below: kem's largest (pixelize) is 423, its session kernels <= 293,
+# a kernel with three helpers called 7 times (tests/test_compile_guard.py)
+# ~400. Nested doubling helpers on lavapipe (2 loaded cores): 2^9 copies =
+# 32,784 nodes compiled in 0.2 s, 2^10 = 65,552 in 0.8 s, 2^11 in 3.7 s,
+# 2^12 in 22 s. The bound lets 2^9 through and refuses 2^10, in ~1 ms.
+# (A flat chain of dependent statements costs more per node, 28,000 nodes
+# in 4.8 s: the compile worker's deadline stays the backstop for that.)
+MAX_INLINED_NODES = 65_536
 
 
 def rejected(detail: str) -> KemError:
@@ -41,6 +54,18 @@ def check_structure(source: str) -> None:
         raise rejected(f"kernel source of {len(data)} bytes is over {MAX_SOURCE_BYTES}")
     tree = _parser().parse(data)
     _check_tree(tree.root_node)
+    _check_inlined(tree.root_node)
+
+
+def _check_inlined(root: Node) -> None:
+    """An entry point whose code, every call inlined, is over the bound
+    (memoised over the call graph: the 2^40 case costs what 2^10 does)."""
+    graph = call_graph(root)
+    sizes = expanded_sizes(graph, MAX_INLINED_NODES)
+    for entry in graph.entries:
+        if sizes.get(entry, 0) > MAX_INLINED_NODES:
+            raise rejected(f"entry point {entry}, with its function calls inlined, is over {MAX_INLINED_NODES} syntax nodes "
+                           "(helpers that call helpers several times grow it exponentially)")
 
 
 def _check_tree(root: Node) -> None:
