@@ -20,59 +20,40 @@ runs the same way in a node.
 Nothing GPU-side lives in a module global: a :class:`Runner` owns one
 executor (device, compiled pipelines, buffer pool). :func:`run` uses a
 default Runner made on first use; make your own to pick settings.
+
+Every kernel is admitted as the port admits it before this process compiles
+it (admission/guard.py): kem's contract, the structural limits, the
+workgroup-memory clearing, and the first compile in the sacrificial worker
+under its stack, memory and time limits. A kernel that would crash or bloat
+the shader compiler is ``kernel_rejected`` and never reaches naga here:
+before issue 24, ``kem check`` died by SIGSEGV on 3,000 nested parentheses.
+Kernels packaged with kem skip the worker, as in the port. Refusals are
+remembered in memory for the Runner's life, not in the node's store on
+disk: a developer's machine, limits or load should not decide for a node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from kem_port import terms
 from kem_port.config import Config
+from kem_port.api_gpu import GpuLayer, gpu_layer  # noqa: F401  (GpuLayer: part of the API's surface)
 from kem_port.api_values import Input, Params, file_kernel_id, input_bytes, params_bytes, shape_output
 from kem_port.errors import KemError
 from kem_port.kernel_store import KernelResolver, KernelSource, default_stores, source_from_bytes
 from kem_port.protocol import KernelCall, kernel_call
 from kem_port.stats import Stats
 
-
-
-class GpuLayer(NamedTuple):
-    """What the API and the ``kem`` command use of the GPU layer."""
-
-    Executor: type
-    Job: type
-    choose_adapter: Callable[[str | None], Any]
-    reflect: Callable[[str], Any]
-    plan_dispatch: Callable[..., tuple[int, int, int]]
-    compile: Callable[[Any, KernelSource, KernelCall], Any]  # (executor, source, call) -> Pipeline
-    dispatch_limits: Callable[[Any], Any]  # executor -> DispatchLimits
-    run_debug: Callable[[Any, Any], tuple[bytes, dict]]  # (executor, job) -> (output, records); docs/debug.md
-
-
-def gpu_layer() -> GpuLayer:
-    """The one place that names the GPU layer's modules and members.
-    Imported lazily, so ``kem --help`` and ``kem publish --no-check`` never
-    load wgpu."""
-    from kem_port.gpu import calls, debug_run, device, dispatch, executor, wgsl_reflect
-
-    return GpuLayer(
-        Executor=executor.Executor,
-        Job=calls.Job,
-        choose_adapter=device.choose_adapter,
-        reflect=wgsl_reflect.reflect,
-        plan_dispatch=dispatch.plan_dispatch,
-        compile=lambda ex, source, call: ex.pipelines.get(ex.gpu.require(), source, call),
-        dispatch_limits=lambda ex: ex.gpu.dispatch_limits,
-        run_debug=debug_run.run_debug,
-    )
 
 
 @dataclass
@@ -102,6 +83,7 @@ class Runner:
     def __post_init__(self) -> None:
         self._executor: Any = None
         self._resolver: KernelResolver | None = None
+        self._guard: Any = None
         self._lock = threading.RLock()  # one device: opening, compiling and runs take turns
 
     # -- the parts, opened on first use ------------------------------------
@@ -126,6 +108,30 @@ class Runner:
             if self._resolver is None:
                 self._resolver = KernelResolver(default_stores(self.config.kernel_dir), build_remote(self.config, self.stats))
             return self._resolver
+
+    @property
+    def guard(self) -> Any:
+        """The admission guard (a CompileGuard), its worker started on the
+        first kernel that needs it; refusals kept in memory only."""
+        from kem_port.admission.guard import guard_from_config
+
+        with self._lock:
+            if self._guard is None:
+                self._guard = guard_from_config(dataclasses.replace(self.config, cache_dir=None), self.stats)
+            return self._guard
+
+    def admit(self, source: KernelSource, call: KernelCall) -> KernelSource:
+        """The source this process may compile for the call, as the port
+        admits it (its rewritten text included); KemError ``kernel_rejected``
+        for one that crashed or exhausted the compile worker."""
+        return self.guard.admit(source, call)
+
+    def close(self) -> None:
+        """Stop the compile worker (it also exits when this process does)."""
+        with self._lock:
+            if self._guard is not None:
+                self._guard.close()
+                self._guard = None
 
     def source(self, kernel: str | Path) -> KernelSource:
         """A kernel's source: a ``.wgsl`` path, else an id (local, packaged, Arweave)."""
@@ -179,7 +185,7 @@ class Runner:
         with self._lock:
             executor = self.executor
             started = time.perf_counter()
-            pipeline = gpu_layer().compile(executor, source, call)
+            pipeline = gpu_layer().compile(executor, self.admit(source, call), call)
             self.timings.compile = time.perf_counter() - started
             return pipeline
 
@@ -193,7 +199,7 @@ class Runner:
         """Run one call made with ``debug=True``: its output and the records
         its kernel wrote to the debug channel (docs/debug.md)."""
         gpu = gpu_layer()
-        job = gpu.Job(call=call, source=source, reply=lambda view: None, fail=lambda error: None)
+        job = gpu.Job(call=call, source=self.admit(source, call), reply=lambda view: None, fail=lambda error: None)
         with self._lock:
             started = time.perf_counter()
             result = gpu.run_debug(self.executor, job)
@@ -204,7 +210,8 @@ class Runner:
         """Run one checked call on the GPU (compiling first if needed); its output bytes."""
         answer: list[bytes] = []
         failure: list[KemError] = []
-        job = gpu_layer().Job(call=call, source=source, reply=lambda view: answer.append(bytes(view)), fail=failure.append)
+        admitted = self.admit(source, call)
+        job = gpu_layer().Job(call=call, source=admitted, reply=lambda view: answer.append(bytes(view)), fail=failure.append)
         with self._lock:
             started = time.perf_counter()
             self.executor.run([job])

@@ -103,3 +103,30 @@ def test_client_plain_replies():
         assert client.call_plain("ping") == "pong"
         assert json.loads(client.call_plain("adapter_info"))["name"]
     assert plain({b"k": [True, None, b"\xff"]}) == {"k": [True, None, b"\xff"]}
+
+
+def test_the_api_admits_kernels_as_the_port_does(tmp_path, rng):
+    """One road for the Python API and the kem command (issue 24): a kernel
+    that crashes naga (3,000 nested parentheses: SIGSEGV in this very
+    process before) or exhausts the compile worker is kernel_rejected;
+    the Runner goes on serving, and packaged kernels never wake the worker."""
+    from test_compile_guard import ATTACKS, TRIPLE
+
+    runner = api.Runner(Config(kernel_dir=tmp_path, compile_timeout_s=4.0, compile_memory_mb=512))
+    words = rng.integers(0, 2**32, size=513, dtype=np.uint32)
+    np.testing.assert_array_equal(runner.run("double", words), words * np.uint32(2))
+    assert runner.guard.describe()["adapter_leaks_workgroup_memory"] is None  # no worker started
+    try:
+        for name in ("parens", "private_array_const"):
+            (tmp_path / f"{name}.wgsl").write_text(ATTACKS[name])
+            for attempt in ("first", "remembered"):
+                with pytest.raises(KemError) as err:
+                    runner.run(tmp_path / f"{name}.wgsl", words)
+                assert err.value.reason == "kernel_rejected", (attempt, err.value)
+        (tmp_path / "triple.wgsl").write_text(TRIPLE)
+        for size in (1, 1000, 65_537):
+            words = rng.integers(0, 2**32, size=size, dtype=np.uint32)
+            np.testing.assert_array_equal(runner.run(tmp_path / "triple.wgsl", words), words * np.uint32(3))
+            np.testing.assert_array_equal(runner.run("double", words), words * np.uint32(2))
+    finally:
+        runner.close()

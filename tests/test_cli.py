@@ -239,3 +239,59 @@ def test_console_script_installed(tmp_path):
     done = subprocess.run([str(script), "run", "double", "--hex", "03000000"], capture_output=True, env=cli_env(tmp_path), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == bytes.fromhex("06000000")
+
+
+# -- hostile kernels (issue 24, item 7) ----------------------------------------
+# The CLI compiled in its own process without the admission guard: `kem
+# check` and `kem run` died by SIGSEGV on 3,000 nested parentheses (naga off
+# the end of its stack) and grew without end on a 200 MB private array,
+# kernels the port refuses. Now both take the port's road: structural
+# limits, then the sacrificial compile worker under its limits.
+GUARD_ENV = {"KEM_COMPILE_TIMEOUT_MS": "4000", "KEM_COMPILE_MEMORY_MB": "512"}
+
+
+def hostile_kernel(tmp_path: Path, name: str) -> Path:
+    from test_compile_guard import ATTACKS
+
+    path = tmp_path / f"{name}.wgsl"
+    path.write_text(ATTACKS[name])
+    return path
+
+
+@pytest.mark.parametrize("name", ["parens", "private_array_const"])
+def test_check_refuses_a_hostile_kernel_with_a_reason_not_a_signal(tmp_path, name):
+    path = hostile_kernel(tmp_path, name)
+    done = kem(tmp_path, "check", str(path), env=cli_env(tmp_path, **GUARD_ENV))
+    assert done.returncode == 1, (done.returncode, done.stderr[-400:])
+    said = done.stderr.decode()
+    assert "Traceback" not in said
+    assert said.strip().splitlines()[-1] == f"kem: {path}: not a valid kem kernel: kernel_rejected"
+    as_json = kem(tmp_path, "check", str(path), "--json", env=cli_env(tmp_path, **GUARD_ENV))
+    assert as_json.returncode == 1, as_json.stderr[-400:]
+    report = json.loads(as_json.stdout)
+    assert (report["ok"], report["reason"]) == (False, "kernel_rejected")
+    assert str(tmp_path) not in report["error"] and "\n" not in report["error"]
+
+
+@pytest.mark.parametrize("name", ["parens", "private_array_const"])
+def test_run_refuses_a_hostile_kernel_in_one_line(tmp_path, name):
+    path = hostile_kernel(tmp_path, name)
+    done = kem(tmp_path, "run", str(path), "--random", "4K", env=cli_env(tmp_path, **GUARD_ENV))
+    assert done.returncode == 1, (done.returncode, done.stderr[-400:])
+    assert done.stdout == b""
+    assert one_line(done.stderr).startswith("kem: kernel_rejected: kernel ")
+
+
+def test_a_kernel_of_ones_own_still_checks_and_runs_through_the_guard(tmp_path, rng):
+    from test_compile_guard import TRIPLE
+
+    path = tmp_path / "triple.wgsl"
+    path.write_text(TRIPLE)
+    checked = kem(tmp_path, "check", str(path), "--json", env=cli_env(tmp_path, **GUARD_ENV))
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
+    for size in (1, 1000, 70_001):
+        words = rng.integers(0, 2**32, size=size, dtype=np.uint32)
+        done = kem(tmp_path, "run", str(path), "--input", "-", stdin=words.tobytes(), env=cli_env(tmp_path, **GUARD_ENV))
+        assert done.returncode == 0, done.stderr
+        np.testing.assert_array_equal(np.frombuffer(done.stdout, dtype=np.uint32), words * np.uint32(3))

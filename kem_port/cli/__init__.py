@@ -58,6 +58,10 @@ def _log_to_stderr(level: str) -> None:
     if not isinstance(logging.getLevelName(level.upper()), int):
         raise CliError(f"KEM_LOG={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
     logging.basicConfig(stream=sys.stderr, level=level.upper(), format="kem: %(levelname)s %(name)s: %(message)s")
+    if logging.getLevelName(level.upper()) >= logging.WARNING:
+        # The guard's "kernel ... refused" warning is for a port's operator;
+        # here the command's own error line says it (one line, exit 1).
+        logging.getLogger("kem_port.admission.guard").setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":
