@@ -68,8 +68,9 @@ def binary_bytes(value: Any) -> bytes | None:
 
 
 def decode_request(frame: bytes) -> Any:
-    """A frame from the pipe. The hot shapes (request_fast.py) are bounded
-    by construction; any other frame is walked first (etf_guard.py), since
+    """A frame from the pipe. The hot decoder (request_fast.py) keeps to
+    etf_guard's bounds itself and leaves any frame past them here; any
+    frame it does not take is walked first (etf_guard.py), since
     erlang-py's decoding of large integers is quadratic and its lists
     amplify memory ~75x."""
     term = decode_hot(frame)
