@@ -21,14 +21,15 @@ from kem_port.stats import Stats
 
 
 class ChainRunner:
-    def __init__(self, gpu: Device, stats: Stats, max_temp_bytes: int) -> None:
+    def __init__(self, gpu: Device, stats: Stats, max_temp_bytes: int, request_bytes: int) -> None:
         self.gpu = gpu
         self.stats = stats
         self.pipelines = SessionPipelines(stats)
         self.max_temp_bytes = max_temp_bytes
+        self.request_bytes = request_bytes
 
     def plan(self, chain: Chain) -> ChainPlan:
-        return Planner(chain, self.gpu, self.pipelines, self.max_temp_bytes).plan()
+        return Planner(chain, self.gpu, self.pipelines, self.max_temp_bytes, self.request_bytes).plan()
 
     def run(self, chain: Chain) -> bytes | dict[str, bytes]:
         """Validate every step, then encode, submit and read back once."""

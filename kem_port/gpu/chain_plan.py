@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import wgpu
 
 from kem_port.errors import KemError, bad_args, too_large
+from kem_port.gpu.chain_budget import ChainBudget
 from kem_port.gpu.contract import pad4
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -99,11 +100,12 @@ class ChainPlan:
 
 
 class Planner:
-    def __init__(self, chain: Chain, gpu: Device, pipelines: SessionPipelines, max_temp_bytes: int) -> None:
+    def __init__(self, chain: Chain, gpu: Device, pipelines: SessionPipelines, max_temp_bytes: int, request_bytes: int) -> None:
         self.chain = chain
         self.gpu = gpu
         self.pipelines = pipelines
         self.max_temp_bytes = max_temp_bytes
+        self.budget = ChainBudget(request_bytes)  # one request's bytes and work (gpu/chain_budget.py)
         self.slots: dict[str, Slot] = {}
         self.temporaries: list[Slot] = []
 
@@ -120,6 +122,9 @@ class Planner:
                 raise StepError(index, exc) from None
             previous = steps[-1].output
         returns = [self._lookup(name) for name in self.chain.returns] if self.chain.returns is not None else [previous]
+        for slot in returns:
+            if not slot.temporary:  # a session buffer read back: staging the chain allocates
+                self.budget.add_bytes(slot.size, f"returned buffer {slot.name!r}")
         temp_bytes = sum(s.size for s in self.temporaries)
         if temp_bytes > self.max_temp_bytes:
             raise quota_exceeded(f"the chain's temporaries need {temp_bytes} bytes, over the quota of {self.max_temp_bytes}")
@@ -144,6 +149,7 @@ class Planner:
         if step.params is not None and len(step.params) > self.gpu.uniform_limit:
             raise too_large(f"params of {len(step.params)} bytes exceed the uniform limit {self.gpu.uniform_limit}")
         groups = plan_dispatch(layout.entry, _dispatch_bytes(step, output, named, layout), step.param_words, step.workgroups, self.gpu.dispatch_limits)
+        self.budget.add_dispatch(layout.entry, groups)
         return PlannedStep(compiled, groups, source, output, named, step.params)
 
     def _output(self, step: Step, source: Slot) -> Slot:
@@ -153,6 +159,7 @@ class Planner:
                 raise bad_args(f"output_size {step.output_size} differs from buffer {step.output!r} of {slot.logical} bytes")
             return slot
         size = step.output_size if step.output_size is not None else source.logical
+        self.budget.add_bytes(max(pad4(size), 4), "this step's output" if step.output is None else f"output {step.output!r}")
         slot = self._temporary(step.output, size)
         if step.output is not None:
             self.slots[step.output] = slot

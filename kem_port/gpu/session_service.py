@@ -30,8 +30,9 @@ class SessionService:
     def __init__(self, executor: Executor, config: Config, stats: Stats) -> None:
         self.executor = executor
         self.sessions = Sessions(executor.gpu, config.session_quota_bytes, config.port_session_quota_bytes)
-        # A chain's temporaries are bounded like one session's buffers.
-        self.chains = ChainRunner(executor.gpu, stats, config.session_quota_bytes)
+        # A chain's temporaries are bounded like one session's buffers, and
+        # its new buffers and work like one call's output (gpu/chain_budget.py).
+        self.chains = ChainRunner(executor.gpu, stats, config.session_quota_bytes, config.max_output_bytes)
 
     def describe(self) -> dict[str, int]:
         return self.sessions.describe()

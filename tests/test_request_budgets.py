@@ -1,0 +1,109 @@
+"""Per-request budgets (issue 24, item 5), through a real port: a chain's
+bytes and dispatch sizes count against one request's budget, and the
+reader never runs a kernel that can hold it (docs/sessions.md,
+docs/executor.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from conftest import start_port
+
+from kem_port import terms
+from kem_port.client import PortClient, PortError
+from kem_port.client import _step_term  # the chain step's wire form, as PortClient.chain sends it
+
+MiB = 1 << 20
+
+
+@contextmanager
+def port_killed_after(**env: str) -> Iterator[PortClient]:
+    """A port that is killed, not asked to stop, when the test ends: a
+    runaway kernel may still hold its GPU thread."""
+    port = start_port(**env)
+    try:
+        yield port
+    finally:
+        port.proc.kill()
+        port.proc.wait(10)
+
+
+def stat(port: PortClient, name: str) -> int:
+    return {terms.atom_name(k): v for k, v in port.call("stats").items()}.get(name, 0)
+
+
+def pool_in_use(port: PortClient) -> int:
+    return stat(port, "pool_live_bytes") - stat(port, "pool_idle_bytes")
+
+
+def chain_async(port: PortClient, steps: list[dict], data: bytes = b""):
+    return port.call_async("chain", terms.atom("undefined"), [_step_term(s) for s in steps], {"input": data})
+
+
+def doubled(words: np.ndarray, times: int) -> bytes:
+    return (words * np.uint32(2**times)).tobytes()
+
+
+# -- chain dispatch sizes ----------------------------------------------------
+
+def test_a_chain_step_with_a_huge_explicit_dispatch_is_refused_naming_the_step(rng):
+    """The red team's 87-byte body: workgroups {65535, 65535, 64} held the
+    port until the caller's timeout restarted it, every time."""
+    with port_killed_after() as port:
+        words = rng.integers(0, 2**31, 64, dtype=np.uint32)
+        started = time.perf_counter()
+        pending = chain_async(port, [{"kernel": "double"}, {"kernel": "double", "workgroups": (65535, 65535, 64)}], words.tobytes())
+        with pytest.raises(PortError) as err:
+            pending.result(10)
+        took = time.perf_counter() - started
+        assert (err.value.reason, err.value.step) == ("bad_args", 2), err.value
+        assert "workgroups" in err.value.detail and "274" in err.value.detail  # the step's total, 65535*65535*64
+        assert took < 2.0
+        assert port.call("ping") is not None
+        for n in (1, 300, 4096):
+            words = rng.integers(0, 2**31, n, dtype=np.uint32)
+            assert port.chain([{"kernel": "double"}, {"kernel": "double"}], input=words.tobytes()) == doubled(words, 2)
+
+
+def test_an_explicit_dispatch_within_the_bound_runs(rng):
+    with start_port() as port:
+        words = rng.integers(0, 2**31, 1024, dtype=np.uint32)
+        out = port.chain([{"kernel": "double", "workgroups": (4, 1, 1)}], input=words.tobytes())
+        assert out == doubled(words, 1)
+
+
+def test_a_chain_of_many_large_dispatches_is_bounded_in_total():
+    """Each step within the per-step bound, the chain over the total bound:
+    refused at the step that crosses it, before anything ran."""
+    with start_port(KEM_MAX_OUTPUT_BYTES=str(1 * MiB)) as port:
+        # 1 MiB of output is 262,144 words: 1024 groups of double's 256 per step.
+        step = {"kernel": "double", "workgroups": (1024, 1, 1), "output_size": 4096}
+        with pytest.raises(PortError) as err:
+            port.chain([step] * 20, input=bytes(4096))
+        assert err.value.reason == "bad_args" and err.value.step == 17, err.value
+        assert "chain" in err.value.detail
+        assert port.chain([step] * 16, input=bytes(4096)) == bytes(4096)
+
+
+# -- chain bytes -----------------------------------------------------------
+
+def test_a_chains_temporaries_count_against_one_request_budget(rng):
+    """64 steps of 16 MiB each grew the port by 1 GB: every step was within
+    the output budget, the chain was not."""
+    with start_port(KEM_MAX_OUTPUT_BYTES=str(16 * MiB)) as port:
+        before = pool_in_use(port), stat(port, "pool_live_bytes")
+        steps = [{"kernel": "double", "output": f"t{i}", "output_size": 16 * MiB, "input": "t0" if i else None} for i in range(64)]
+        steps = [{k: v for k, v in s.items() if v is not None} for s in steps]
+        with pytest.raises(PortError) as err:
+            port.chain(steps, input=bytes(64))
+        assert err.value.reason == "too_large" and err.value.step == 2, err.value
+        assert str(32 * MiB) in err.value.detail and str(16 * MiB) in err.value.detail  # the total and the budget
+        assert (pool_in_use(port), stat(port, "pool_live_bytes")) == before  # refused before allocating
+        # Within the budget a chain of many steps runs, and is right.
+        for n in (1, 777, 4096):
+            words = rng.integers(0, 2**20, n, dtype=np.uint32)
+            assert port.chain([{"kernel": "double"}] * 8, input=words.tobytes()) == doubled(words, 8)
