@@ -253,7 +253,7 @@ timed_out_chain_quarantines_its_kernels_for_chains() ->
     [{ok, _}] = [kem:execute(<<"runaway">>, <<0:32>>, #{workgroups => {1, 1, 1}, timeout => 60000})],
     {ok, Default} = application:get_env(kem, timeout),
     ok = application:set_env(kem, timeout, 1000),
-    Runaway = [#{kernel => <<"double">>}, #{kernel => <<"runaway">>, workgroups => {65535, 65535, 1}}],
+    Runaway = [#{kernel => <<"double">>}, #{kernel => <<"runaway">>, workgroups => {1024, 1024, 1}}],
     try
         ?assertMatch({error, {timeout, _}}, kem:chain(Runaway, #{input => <<0:32>>})),
         ok = kem_test_app:wait_for_service(10000),
