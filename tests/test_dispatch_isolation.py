@@ -226,7 +226,10 @@ def test_random_batches_never_show_an_attacker_anothers_bytes(executor, rng):
     """Singles and groups of a listed and an unlisted attacker, of double and
     double_table victims, in random order, one batch each round: an unlisted
     attacker reaches exactly its own input; a listed one only listed
-    attackers' words; victims get numpy's values."""
+    attackers' words; victims get numpy's values. Both attackers are one
+    text, so one compiled pipeline: sharing goes by the id the caller named
+    (before that, whichever id compiled first decided for both, and a
+    listed attacker read the unlisted one's callers)."""
     sources = {name: source_from_bytes(name, ATTACKER.encode(), "test", "local") for name in ("listed", "unlisted")}
     store = default_stores(None)[0]
     sources.update({name: store.lookup(name) for name in ("double", "double_table")})

@@ -250,8 +250,9 @@ class Stages:
         for item in flight.items:
             size = item.job.call.output_size
             if item.job.calls > 1:
+                outputs = gather(mapped_view, item)  # first: the canaries share its cache lines
                 if slots_intact(mapped_view, item, self.pipelines):  # else failed, its slot form retired
-                    later.append((item.job, gather(mapped_view, item)))
+                    later.append((item.job, outputs))
                 continue
             view = mapped_view[item.out_offset : item.out_offset + size]
             if size <= SMALL_RESULT:

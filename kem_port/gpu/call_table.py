@@ -63,10 +63,12 @@ class Sharing:
     def from_config(cls, config: Config) -> Sharing:
         return cls(config.cross_caller_dispatch == "on", frozenset(config.shared_table_kernels))
 
-    def shares_table(self, pipeline) -> bool:
-        """Whether a call-table Pipeline's calls may share a dispatch."""
-        source = pipeline.source
-        return self.cross_caller and source is not None and source.kernel_id in self.table_kernels
+    def shares_table(self, kernel_id: str) -> bool:
+        """Whether calls naming this kernel may share a dispatch. By the id
+        the callers named, not the pipeline's: two ids of one text share a
+        compiled pipeline, and an unlisted id's calls must not join a listed
+        one's dispatch (tables are grouped by pipeline and id, plan.py)."""
+        return self.cross_caller and kernel_id in self.table_kernels
 
 
 NO_SHARING = Sharing(False)

@@ -20,9 +20,10 @@ from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
 
 PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
-# Past a plain group's output in each slot: at least one canary word, then
-# the slot form's spare element (a vec4 at most, 16 bytes) at the slot's end.
-SLOT_ROOM = 4 + 16
+# Past a plain group's output in each slot: 4 canary words
+# (group_stage.CANARY_BYTES), then the slot form's spare element (a vec4 at
+# most, 16 bytes) at the slot's end.
+SLOT_ROOM = 16 + 16
 
 
 @dataclass(slots=True)
@@ -156,9 +157,10 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int, sh
         pipeline = item.pipeline
         size = pipeline.entry.workgroup_size if pipeline.entry is not None else None
         max_words = max_groups * (size[0] if size else 1)
-        group = open_groups.get(pipeline.serial)
-        if group is None or not sharing.shares_table(pipeline) or not group.fits(item, binding_limit, max_words):
-            group = open_groups[pipeline.serial] = TableGroup(pipeline)
+        kernel = (pipeline.serial, item.job.call.kernel_id)
+        group = open_groups.get(kernel)
+        if group is None or not sharing.shares_table(kernel[1]) or not group.fits(item, binding_limit, max_words):
+            group = open_groups[kernel] = TableGroup(pipeline)
             groups.append(group)
         group.add(item)
     return groups
@@ -173,7 +175,7 @@ def _input_order(plain: list[Prepared], shared: list[Prepared], chunked: list[Pr
     zeroed alignment between them, nobody else's: issue 24's attacker read
     a `double` caller's input between two of its own calls), then groups
     chunked into dispatches of their own. Large inputs, each bound alone, last."""
-    by_kernel = sorted(shared, key=lambda i: i.pipeline.serial)  # stable: arrival order within a kernel
+    by_kernel = sorted(shared, key=lambda i: (i.pipeline.serial, i.job.call.kernel_id))  # stable: arrival order within
     ordered = plain + by_kernel + chunked
     small = [i for i in ordered if len(i.job.call.input) <= PACK_LIMIT]
     return small, [i for i in ordered if len(i.job.call.input) > PACK_LIMIT]
@@ -197,7 +199,7 @@ class BatchPlan:
         for item in (i for i in items if i.pipeline.tabled):
             chunk = 1
             if item.job.calls > 1:
-                chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups, sharing.shares_table(item.pipeline))
+                chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups, sharing.shares_table(item.job.call.kernel_id))
                 self.group_tables += 1
             if chunk < item.job.calls:
                 chunks[id(item)] = (item, chunk)
