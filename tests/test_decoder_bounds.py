@@ -277,3 +277,18 @@ def test_nested_tuples_through_the_port_answer_their_caller_and_bystanders(rng):
         for size in (1, 300, 4096):
             words = rng.integers(0, 2**32, size, dtype=np.uint32)
             assert port.call("execute_kernel", b"double", words.tobytes(), 1) == (words * np.uint32(2)).tobytes()
+
+
+@st.composite
+def execute_kernel_frames(draw) -> bytes:
+    """The node's one hot shape, {call, ReqId, execute_kernel, {K, I, Hint},
+    TimeoutMs}, its integers in whichever encoding fits (or not: too wide)."""
+    number = lambda: integer_bytes(draw(st.integers(0, (1 << 72) - 1)), draw(integer_forms))  # noqa: E731
+    args = small_tuple([binary_bytes(draw(st.binary(min_size=1, max_size=12))), binary_bytes(draw(st.binary(max_size=64))), number()])
+    return b"\x83" + small_tuple([atom_bytes(b"call", draw(atom_tags)), number(), atom_bytes(b"execute_kernel", draw(atom_tags)), args, number()])
+
+
+@settings(max_examples=300, deadline=None)
+@given(frame=execute_kernel_frames())
+def test_execute_kernel_fields_stay_within_the_guard(frame):
+    assert_within_the_guard(frame)
