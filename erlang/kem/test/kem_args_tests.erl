@@ -199,10 +199,14 @@ a_chain_request_keeps_the_output_budget() ->
     ?assertMatch({error, #{<<"status">> := 413, <<"reason">> := <<"too_large">>}},
                  Chain(Input, [Double, Double#{<<"output-size">> => 1001}, Double#{<<"output-size">> => 4}])),
     ?assertMatch({error, #{<<"status">> := 413}}, Chain(crypto:strong_rand_bytes(1004), [Double])),
+    %% The budget is the request's, not each step's (issue 24): two steps
+    %% of 1000 bytes are 2000 bytes of buffers.
+    ?assertMatch({error, #{<<"status">> := 413, <<"reason">> := <<"too_large">>}},
+                 Chain(Input, [Double#{<<"output-size">> => 1000}, Double#{<<"output-size">> => 1000}])),
     %% At the budget it runs: double twice is times four, word by word.
     {ok, #{<<"status">> := 200, <<"body">> := Out}} =
-        Chain(Input, [Double#{<<"output-size">> => 1000}, Double#{<<"output-size">> => 1000}]),
-    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 1000), 1000), Out).
+        Chain(Input, [Double#{<<"output-size">> => 500}, Double#{<<"output-size">> => 500}]),
+    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 500), 500), Out).
 
 %% Session calls and chains run GPU work like any call: kem_metrics counts
 %% them by method, and dev_kem's execute_chain reports its usage (headers,
@@ -217,12 +221,12 @@ session_calls_and_chains_are_counted_and_metered() ->
     ok = kem:session_close(S),
     ?assertEqual(SessionCalls + 2, Calls(session_call)),
     Body = kem_json:encode(#{<<"input-data">> => binary_to_list(Input),
-                             <<"steps">> => [#{<<"kernel-id">> => ?DOUBLE, <<"output-size">> => 800},
+                             <<"steps">> => [#{<<"kernel-id">> => ?DOUBLE, <<"output-size">> => 500},
                                              #{<<"kernel-id">> => ?DOUBLE}]}),
     {ok, Reply} = dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{}),
-    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 800), 800), maps:get(<<"body">>, Reply)),
+    ?assertEqual(kem_ref:double_ref(kem_ref:double_ref(Input, 500), 500), maps:get(<<"body">>, Reply)),
     ?assertMatch(#{<<"kem-usage-kernel-id">> := <<"double,double">>, <<"kem-usage-bytes-in">> := 400,
-                   <<"kem-usage-bytes-out">> := 800, <<"kem-usage-clock">> := <<"wall">>}, Reply),
+                   <<"kem-usage-bytes-out">> := 500, <<"kem-usage-clock">> := <<"wall">>}, Reply),
     ?assertEqual(Chains + 1, Calls(chain)).
 
 %% As for a plain call: a session call that outlived the default timeout
