@@ -151,8 +151,12 @@ class Stages:
             _clear_outputs(flight, encoder, plan, out_buf)
             encoder.begin_pass(timing.query_set if timing else None)
             self._dispatch_plain(encoder, device, plan, in_buf, out_buf, u_buf)
+            current = None
             for table in plan.groups:
-                self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf)
+                current = self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf, current)
+            if plan.groups:
+                self.stats.inc("table_dispatches", len(plan.groups))
+                self.stats.inc("table_calls", sum(table.calls for table in plan.groups))
             if plan.group_tables:
                 self.stats.inc("table_group_jobs", plan.group_tables)
             encoder.end_pass()
@@ -205,11 +209,13 @@ class Stages:
         if hits:
             self.stats.inc("bind_group_hits", hits)
 
-    def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf) -> None:
+    def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf, current):
         """One dispatch for calls to a call-table kernel: single calls and
-        whole group jobs (plan.TableGroup), or a chunk of a large group job's
-        slots (group_table.SlotTable)."""
-        encoder.set_pipeline(table.pipeline.pipeline)
+        whole group jobs (plan.TableGroup), or a chunk of a group job's
+        slots (group_table.SlotTable; one slot each for an unlisted kernel,
+        so the pipeline is set once for a run of them). Returns the pipeline set."""
+        if table.pipeline is not current:
+            encoder.set_pipeline(table.pipeline.pipeline)
         group = self.pipelines.bind_group(
             device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),
             None, (t_buf, table.table_offset, len(table.rows)),
@@ -220,8 +226,7 @@ class Stages:
         else:
             width = table.pipeline.entry.workgroup_size[0]
             encoder.dispatch(*call_table.workgroups(table.words, width, self.device.dispatch_limits.max_per_dimension))
-        self.stats.inc("table_dispatches")
-        self.stats.inc("table_calls", table.calls)
+        return table.pipeline
 
     def submit(self, flight: Flight) -> None:
         started = time.perf_counter()
