@@ -1,6 +1,10 @@
 """A group job of a call-table kernel in ONE dispatch (docs/dispatch.md,
 "A group of a call-table kernel"; docs/executor.md, "Group jobs").
 
+Only for a kernel the operator lists (call_table.Sharing): a call-table
+kernel reads every row of its dispatch, so an unlisted kernel's group is
+cut into one-slot chunks (``chunk_slots``), each bound to its own slot.
+
 A group's N slots are already packed at a fixed stride (input_upload.pack_slots:
 slot k's input at ``k * in_stride`` from the group's input offset), so its
 call table is arithmetic, built with numpy in one go: row k is
