@@ -151,13 +151,12 @@ class Stages:
             _clear_outputs(flight, encoder, plan, out_buf)
             encoder.begin_pass(timing.query_set if timing else None)
             self._dispatch_plain(encoder, device, plan, in_buf, out_buf, u_buf)
-            current = None
+            current = None  # the pipeline set last
             for table in plan.groups:
                 current = self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf, current)
-            if plan.groups:
+            if plan.groups:  # (a group job of a call-table kernel always makes one)
                 self.stats.inc("table_dispatches", len(plan.groups))
                 self.stats.inc("table_calls", sum(table.calls for table in plan.groups))
-            if plan.group_tables:
                 self.stats.inc("table_group_jobs", plan.group_tables)
             encoder.end_pass()
             encoder.copy(out_buf, 0, flight.staging, 0, plan.out_total)
@@ -210,10 +209,8 @@ class Stages:
             self.stats.inc("bind_group_hits", hits)
 
     def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf, current):
-        """One dispatch for calls to a call-table kernel: single calls and
-        whole group jobs (plan.TableGroup), or a chunk of a group job's
-        slots (group_table.SlotTable; one slot each for an unlisted kernel,
-        so the pipeline is set once for a run of them). Returns the pipeline set."""
+        """One dispatch of a plan.TableGroup or group_table.SlotTable (one
+        slot each for an unlisted kernel: the pipeline set once for a run)."""
         if table.pipeline is not current:
             encoder.set_pipeline(table.pipeline.pipeline)
         group = self.pipelines.bind_group(
@@ -285,17 +282,15 @@ class Stages:
 
 
 def _clear_outputs(flight: Flight, encoder, plan: BatchPlan, out_buf) -> None:
-    """Pooled buffers hold earlier callers' bytes: clear what this batch
-    binds, so a kernel that skips elements returns zeros. A plain group's
-    range is written with canary words past each slot's output
-    (group_stage.py); a clear is a command, run after every queue write,
-    so large batches are cleared around those ranges."""
+    """Clear what this batch binds (pooled buffers hold earlier callers'
+    bytes); a plain group's range gets its canaries (group_stage.py). A
+    clear command runs after every queue write: cleared around them."""
     marked = [(item.out_offset, canary_fill(item)) for item in plan.plain if item.job.calls > 1]
     if plan.out_total <= ZERO_WRITE_LIMIT:
         flight.hot.write(out_buf, 0, _ZEROS[: plan.out_total])
     else:
         at = 0
-        for offset, fill in marked:  # in output order: plain items are laid out in order
+        for offset, fill in marked:  # in output order, as plain items are laid out
             if offset > at:
                 encoder.clear_buffer(out_buf, at, offset - at)
             at = offset + len(fill)
