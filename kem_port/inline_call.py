@@ -15,6 +15,7 @@ from kem_port import log_frames
 from kem_port.errors import KemError
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
+from kem_port.gpu.wgsl_calls import may_loop
 from kem_port.gpu_loop import SMALL_CALL, GpuLoop
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
@@ -22,12 +23,17 @@ from kem_port.stats import Stats
 
 def may_run_inline(call: KernelCall, source: KernelSource, executor: Executor, input_waiting: Callable[[], bool]) -> bool:
     """Only calls that cannot hold the reader long: small, no explicit workgroup
-    count, no shared-memory result, kernel compiled, no other frame in the pipe."""
+    count, no shared-memory result, kernel compiled, no loop statement in the
+    entry point's reachable code (WGSL has no recursion, so only a loop can
+    run long: gpu/wgsl_calls.py; parsed once per kernel, a dict lookup here),
+    no other frame in the pipe. A kernel that may loop runs on the GPU
+    thread, so the reader keeps answering ping and call_state meanwhile."""
     return not (  # the sizes, not batch_bytes: one Python call fewer
         len(call.input) > SMALL_CALL or call.output_size > SMALL_CALL
         or call.workgroups is not None
         or call.output_path is not None
         or not executor.is_warm(source, call)
+        or may_loop(source.text, source.sha256, call.entry_point)
         or input_waiting()
     )
 

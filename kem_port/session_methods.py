@@ -24,6 +24,7 @@ from kem_port.config import Config
 from kem_port.framing import FrameWriter
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.session_service import SessionService
+from kem_port.gpu.wgsl_calls import may_loop
 from kem_port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.protocol import RequestError
@@ -140,20 +141,24 @@ class SessionMethods:
         later = bool(remote) or not _all_admitted(self.guard, self.resolver, steps)
 
         def run() -> None:
-            work = self._chain_work(method, ref, steps, data, returns)
-            self._submit(req_id, work, small=not later and self._small_chain(ref, steps, data))
+            chain_steps = self._steps(steps)
+            work = self._chain_work(method, ref, chain_steps, returns, data)
+            self._submit(req_id, work, small=not later and self._small_chain(ref, steps, chain_steps, data))
 
         if later:
             self.fetchers.submit(self._answering(req_id, run))
         else:
             run()
 
-    def _chain_work(self, method: str, ref, steps: list[sp.StepArgs], data: bytes, returns) -> Work:
-        chain_steps = tuple(
+    def _steps(self, steps: list[sp.StepArgs]) -> tuple[Step, ...]:
+        """The steps with their kernels resolved and admitted (the text that compiles)."""
+        return tuple(
             Step(self._source(i, s.kernel_id, s.entry_point), s.params, s.workgroups, s.entry_point, s.bind, s.input,
                  s.output, s.output_size)
             for i, s in enumerate(steps)
         )
+
+    def _chain_work(self, method: str, ref, chain_steps: tuple[Step, ...], returns, data: bytes) -> Work:
         store, chains = self.service.sessions, self.service.chains
 
         def work() -> Any:
@@ -169,9 +174,12 @@ class SessionMethods:
 
         return work
 
-    def _small_chain(self, ref: tuple[int, int] | None, steps: list[sp.StepArgs], data: bytes) -> bool:
+    def _small_chain(self, ref: tuple[int, int] | None, steps: list[sp.StepArgs], chain_steps: tuple[Step, ...], data: bytes) -> bool:
         """Short enough to run on the reader: little data, few steps, every
-        kernel compiled (a compile can take tens of ms)."""
+        kernel compiled (a compile can take tens of ms), and no step's kernel
+        with a loop statement (gpu/wgsl_calls.py: the only way WGSL runs long
+        on a small dispatch; it would hold the reader, and the owner could
+        neither probe nor kill)."""
         outputs = [s.output_size if s.output_size is not None else len(data) for s in steps]
         held = self.service.sessions.bytes_of(ref[1]) if ref is not None else 0
         pipelines = self.service.chains.pipelines
@@ -179,6 +187,7 @@ class SessionMethods:
             len(steps) <= INLINE_STEPS
             and len(data) + sum(outputs) + held <= SMALL_CALL
             and all(pipelines.has(self.resolver.resolve_local(s.kernel_id), s.entry_point, s.params) for s in steps)
+            and not any(may_loop(s.source.text, s.source.sha256, s.entry_point) for s in chain_steps)
         )
 
     def _source(self, index: int, kernel_id: str, entry: str) -> KernelSource:

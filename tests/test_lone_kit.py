@@ -81,18 +81,25 @@ def test_a_lone_call_on_its_kit_matches_numpy_and_reuses_the_kit(executor, rng, 
 
 
 def test_a_kit_with_params_plans_its_dispatch_from_each_calls_params(executor, rng):
-    """pixelize's workgroups come from the params' width and height: two
+    """glitch's workgroups come from the params' width and height: two
     images of one byte size but different shapes share a kit and each is
-    dispatched for its own shape."""
-    for width, height, block in ((16, 4, 2), (4, 16, 3), (8, 8, 1), (16, 4, 5)):
+    dispatched for its own shape. (Not pixelize: its block loops keep it
+    off the reader, so it gets no kit: inline_call.may_run_inline.)"""
+    for width, height, seed in ((16, 4, 2), (4, 16, 3), (8, 8, 1), (16, 4, 5)):
         image = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
-        params = np.array([width, height, block, 0], dtype="<u4").tobytes()
-        got = run_lone(executor, KernelCall("pixelize", image.tobytes(), image.nbytes, params=params))
-        assert got == reference.pixelize(image, block).tobytes()
+        params = np.array([width, height, seed, 3], dtype="<u4").tobytes()
+        got = run_lone(executor, KernelCall("glitch", image.tobytes(), image.nbytes, params=params))
+        assert got == reference.glitch(image, seed, 3).tobytes()
     image = rng.integers(0, 256, (4, 16, 4), dtype=np.uint8)
     too_big = np.array([1000, 1000, 1, 0], dtype="<u4").tobytes()  # more pixels than the output has bytes
-    got = run_lone(executor, KernelCall("pixelize", image.tobytes(), image.nbytes, params=too_big))
+    got = run_lone(executor, KernelCall("glitch", image.tobytes(), image.nbytes, params=too_big))
     assert isinstance(got, KemError) and got.reason == "too_large"
+
+
+def test_a_kernel_that_may_loop_gets_no_kit(executor, rng):
+    image = rng.integers(0, 256, (4, 16, 4), dtype=np.uint8)
+    params = np.array([16, 4, 2, 0], dtype="<u4").tobytes()
+    assert executor.run_lone(Answer().job(KernelCall("pixelize", image.tobytes(), image.nbytes, params=params))) is False
 
 
 def test_a_kit_zeroes_its_output_on_every_call(executor, rng):

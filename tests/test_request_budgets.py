@@ -107,3 +107,87 @@ def test_a_chains_temporaries_count_against_one_request_budget(rng):
         for n in (1, 777, 4096):
             words = rng.integers(0, 2**20, n, dtype=np.uint32)
             assert port.chain([{"kernel": "double"}] * 8, input=words.tobytes()) == doubled(words, 8)
+
+
+# -- the reader never runs a kernel that can hold it -------------------------
+
+# xorshift32 stepped 64 x input[1] times per word (an LCG's steps the
+# compiler folds into one). lavapipe (gallivm) stops a shader's loops after
+# 65,535 iterations in all, so the work is in the loop's body: 65,535 x 64
+# steps for each of 4,096 words run for a minute or more there.
+UNROLLED = 64
+SPIN = """@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x >= arrayLength(&output)) { return; }
+    var x = input[2] + gid.x;
+    for (var i = 0u; i < input[1]; i++) {
+""" + "        x ^= x << 13u; x ^= x >> 17u; x ^= x << 5u;\n" * UNROLLED + """    }
+    output[gid.x] = x;
+}
+"""
+SPIN_HINT = 1024  # 16 input bytes -> 16 KiB out: 4,096 invocations, a small call
+
+
+def spin_reference(rounds: int, seed: int, words: int) -> bytes:
+    x = (np.uint64(seed) + np.arange(words, dtype=np.uint64)) & np.uint64(0xFFFFFFFF)
+    for _ in range(rounds * UNROLLED):
+        x ^= (x << np.uint64(13)) & np.uint64(0xFFFFFFFF)
+        x ^= x >> np.uint64(17)
+        x ^= (x << np.uint64(5)) & np.uint64(0xFFFFFFFF)
+    return x.astype("<u4").tobytes()
+
+
+def spin_input(rounds: int, seed: int) -> bytes:
+    return np.array([0, rounds, seed, 0], dtype="<u4").tobytes()
+
+
+def send_spin(port: PortClient, road: str, data: bytes, session=None):
+    """A lone small execute_kernel frame (the folded road) or a one-step
+    chain (session work the reader may run inline)."""
+    req_id = port.next_req_ids(1)[0]
+    if road == "call":
+        request = port._request(req_id, "execute_kernel", (b"spin", data, SPIN_HINT), 600_000)
+    else:
+        step = _step_term({"kernel": "spin", "output_size": 16 * SPIN_HINT})
+        request = port._request(req_id, "chain", (terms.atom("undefined"), [step], {"input": data}), 600_000)
+    return req_id, port.call_raw_frame(terms.encode(request), [req_id])[0]
+
+
+def answered_within(port: PortClient, method: str, *args) -> tuple[object, float]:
+    started = time.perf_counter()
+    value = port.call_async(method, *args).result(30)
+    return value, time.perf_counter() - started
+
+
+@pytest.mark.parametrize("road", ["call", "chain"])
+def test_a_runaway_warm_kernel_never_holds_the_reader(kernel_dir, rng, road):
+    """The red team's small warm call ran inline on the reader: the pipe
+    filled, the owner could neither probe nor kill. A kernel with a loop
+    now queues to the GPU thread, so ping and call_state are answered."""
+    (kernel_dir / "spin.wgsl").write_text(SPIN)
+    with port_killed_after(KEM_KERNEL_DIR=str(kernel_dir)) as port:
+        for _ in range(2):  # compiled, then warm: today's inline road would take the next one
+            seed = int(rng.integers(0, 2**31))
+            _, warm = send_spin(port, road, spin_input(3, seed))
+            assert warm.result(60) == spin_reference(3, seed, 16 * SPIN_HINT // 4)
+        runaway_id, runaway = send_spin(port, road, spin_input(65535, 7))
+        time.sleep(0.3)  # it is running
+        assert not runaway.done()
+        pong, took = answered_within(port, "ping")
+        assert took < 0.2, f"ping took {took:.2f} s"
+        state, took = answered_within(port, "call_state", runaway_id)
+        assert took < 0.2, f"call_state took {took:.2f} s"
+        if road == "call":
+            assert terms.binary_bytes({terms.atom_name(k): v for k, v in state.items()}["state"]) == b"running"
+
+
+def test_a_loop_free_warm_call_still_runs_inline(rng):
+    with start_port() as port:
+        for n in (16, 1000, 4096):
+            words = rng.integers(0, 2**31, n, dtype=np.uint32)
+            port.call("execute_kernel", b"double", words.tobytes(), 1)  # warm the shape
+            before = stat(port, "inline_calls")
+            assert port.call("execute_kernel", b"double", words.tobytes(), 1) == doubled(words, 1)
+            assert stat(port, "inline_calls") == before + 1

@@ -43,6 +43,7 @@ from kem_port.gpu.lone_kit import Kit
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.pipelines import Pipelines
 from kem_port.gpu.plan import prepare
+from kem_port.gpu.wgsl_calls import may_loop
 from kem_port.stats import Stats
 
 KIT_LIMIT = 64 * 1024  # inputs and outputs up to this size get a kit (run_inline's SMALL_CALL)
@@ -199,7 +200,9 @@ class LoneRoad:
         if self._path is None:
             return _NO_KIT
         prepared = prepare(job, self.gpu, self.pipelines)
-        if prepared.pipeline.tabled:
+        # A kernel that may loop never gets a kit: kits run only on the
+        # reader, which such a kernel could hold (inline_call.may_run_inline).
+        if prepared.pipeline.tabled or may_loop(job.source.text, job.source.sha256, job.call.entry_point):
             kit: Kit | object = _NO_KIT
         else:
             kit = Kit(self._path, self.gpu.require(), prepared, job.call, self.gpu.dispatch_limits, self._zeros)
