@@ -4,8 +4,9 @@
 -- reply as a table. On success res.status is 200, res.body the kernel's
 -- output bytes as a Lua string, and res["kem-usage-us"],
 -- res["kem-usage-bytes-in"], ... what the call cost. On failure res.status
--- is 4xx/5xx and res.error, res.reason (e.g. "kernel_not_found") and
--- res.details say why; res.body holds the same three as a JSON string.
+-- is 4xx/5xx, res.error and res.reason (e.g. "kernel_not_found") say what
+-- failed, and res.body is a JSON string with error, reason and details (why,
+-- in the kernel's or the request's words: never a header, since issue 24).
 --
 -- The node must let Lua see kem@1.0: see README, "From Lua and ao processes".
 --
@@ -22,7 +23,7 @@ function double_on_gpu(base, req, opts)
         body = KEM_REQUEST_BODY
     })
     if status ~= "ok" then
-        base.kem_error = { status = res.status, reason = res.reason, details = res.details }
+        base.kem_error = { status = res.status, reason = res.reason, body = res.body }
         return base
     end
     -- res.body is "\2\6\10\14": each little-endian u32 word doubled.
