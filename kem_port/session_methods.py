@@ -150,8 +150,7 @@ class SessionMethods:
         else:
             run()
 
-    def _steps(self, steps: list[sp.StepArgs]) -> tuple[Step, ...]:
-        """The steps with their kernels resolved and admitted (the text that compiles)."""
+    def _steps(self, steps: list[sp.StepArgs]) -> tuple[Step, ...]:  # kernels resolved and admitted
         return tuple(
             Step(self._source(i, s.kernel_id, s.entry_point), s.params, s.workgroups, s.entry_point, s.bind, s.input,
                  s.output, s.output_size)
@@ -175,11 +174,8 @@ class SessionMethods:
         return work
 
     def _small_chain(self, ref: tuple[int, int] | None, steps: list[sp.StepArgs], chain_steps: tuple[Step, ...], data: bytes) -> bool:
-        """Short enough to run on the reader: little data, few steps, every
-        kernel compiled (a compile can take tens of ms), and no step's kernel
-        with a loop statement (gpu/wgsl_calls.py: the only way WGSL runs long
-        on a small dispatch; it would hold the reader, and the owner could
-        neither probe nor kill)."""
+        """Short enough to run on the reader: little data, few steps, every kernel compiled
+        (a compile takes tens of ms), none that may loop (inline_call.may_run_inline)."""
         outputs = [s.output_size if s.output_size is not None else len(data) for s in steps]
         held = self.service.sessions.bytes_of(ref[1]) if ref is not None else 0
         pipelines = self.service.chains.pipelines
