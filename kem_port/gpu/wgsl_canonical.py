@@ -18,11 +18,13 @@ code points) of everything that is left stay where they were, so naga's
 error messages still point into the author's file. The canonical text is
 plain printable ASCII, space and LF, without comments: nothing in it can be
 read differently by tree-sitter and naga, and tokens are untouched, so it
-compiles exactly when the original does.
+compiles exactly when the original does (one exception, for the better: a
+NUL inside a comment, where wgpu-native, reading the WGSL as a C string,
+cut the original short).
 
-What the lexer cannot account for is refused (``bad_kernel``, with line
-and column as line:column), never passed on: outside comments, any code point that is
-neither blankspace nor part of a WGSL token. That includes every non-ASCII
+What the lexer cannot account for is refused (``bad_kernel``, detail
+"line:column: U+XXXX: why"), never passed on: outside comments, any code
+point that is neither blankspace nor part of a WGSL token. That includes every non-ASCII
 code point: WGSL allows Unicode identifiers (XID_Start / XID_Continue), but
 the kernels of the ecosystem use ASCII ones, and an ASCII-only text leaves
 no room for two parsers to classify a character differently (a
