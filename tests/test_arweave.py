@@ -342,3 +342,17 @@ def test_invalid_ids_never_reach_the_network(tmp_path, gateway):
         assert fails_with(port, "btSvNclyu2me_zGh4X9ULVRZqwze9l2DpkcVHcLw9Eh")[0] == "kernel_not_found"
         assert fails_with(port, "not-an-id")[0] == "kernel_not_found"
     assert gateway.requests == []
+
+
+def test_a_refused_proven_kernel_is_not_fetched_again(tmp_path, gateway, key, rng):
+    """A published kernel the lexer refuses (non-ASCII outside a comment) is
+    refused from memory after its first fetch: its bytes are proven, so the
+    refusal holds for its id for good, and a caller repeating it must not
+    make the node fetch it from a gateway on every call."""
+    hostile = DOUBLE.replace(b"fn main", "fn ma\u0456n".encode())  # a Cyrillic i
+    tx_id = gateway.publish_tx(make_tx(key, hostile, [(b"r", b"1")]), hostile)
+    with arweave_port(tmp_path, gateway) as port:
+        reasons = {fails_with(port, tx_id)[0] for _ in range(4)}
+        assert reasons == {"bad_kernel"}
+        assert gateway.count(f"/raw/{tx_id}") == 1, "a refused kernel was fetched again"
+        run_double(port, gateway.publish_tx(make_tx(key, DOUBLE, [(b"r", b"2")]), DOUBLE), rng)

@@ -60,6 +60,11 @@ class ArweaveStore:
         # moves on to the next gateway when a slot is not free in time).
         self._slots = [threading.BoundedSemaphore(config.gateway_concurrency) for _ in self.gateways]
         self._memory: OrderedDict[str, KernelSource] = OrderedDict()
+        # Proven kernels the lexer refused (kernel_store.source_from_bytes),
+        # by id: an Arweave id names immutable bytes, so the refusal holds
+        # for good, and without this every repeat of a refused id was a new
+        # gateway fetch (an amplifier any caller could drive).
+        self._refused: OrderedDict[str, KemError] = OrderedDict()
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
 
@@ -97,6 +102,9 @@ class ArweaveStore:
             self.stats.inc("arweave_shared_fetches")
             return _follow(flight, kernel_id, deadline)
         try:
+            refused = self._refused.get(kernel_id)
+            if refused is not None:
+                raise KemError(refused.reason, refused.detail)
             with budget.within(deadline):
                 source = self.cached(kernel_id) or self._fetch_from_gateways(kernel_id)
             flight.set_result(source)
@@ -175,7 +183,7 @@ class ArweaveStore:
                 log.warning("gateway %s: %s: %s", gateway.base, kernel_id, exc)
                 outcomes.append((number, exc))
                 continue
-            source = source_from_bytes(kernel_id, data, f"gateway #{number}", tier)
+            source = self._source_of(kernel_id, data, number, tier)
             self.stats.inc("arweave_fetches")
             self.stats.inc("arweave_fetch_bytes", len(data))
             if self.cache is not None:
@@ -186,6 +194,19 @@ class ArweaveStore:
             self._remember(source)
             return source
         raise _combined_error(kernel_id, outcomes)
+
+    def _source_of(self, kernel_id: str, data: bytes, number: int, tier: str) -> KernelSource:
+        """The kernel's source, or its refusal remembered where the bytes are
+        proven (a gateway under KEM_VERIFY=off could lie to get an id refused)."""
+        try:
+            return source_from_bytes(kernel_id, data, f"gateway #{number}", tier)
+        except KemError as refused:
+            if tier in VERIFIED_TIERS:
+                with self._lock:
+                    self._refused[kernel_id] = refused
+                    while len(self._refused) > MEMORY_ENTRIES:
+                        self._refused.popitem(last=False)
+            raise
 
     def _fetch_bounded(self, gateway: Gateway, slots: threading.BoundedSemaphore, kernel_id: str, deadline: float) -> tuple[bytes, str, str]:
         """One gateway's attempt, within its concurrency and the deadline;
