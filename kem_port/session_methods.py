@@ -222,6 +222,11 @@ class SessionMethods:
         def control(_executor: object) -> None:
             self._answering(req_id, lambda: self.router.reply_ok(req_id, self.service.run(work)))()
 
+        # Tagged with its ReqId, as a Job is: call_state then says queued or
+        # running for session work and chains too, so the node blames (and
+        # kills for) only work the GPU was inside (kem_timeout.erl).
+        control.tag = req_id  # type: ignore[attr-defined]
+
         # Session work keeps its order: none runs inline while earlier
         # session work is still queued (the GPU thread takes an item off
         # the queue a moment before it takes the executor lock).
@@ -235,6 +240,8 @@ class SessionMethods:
             finally:
                 with self._queued_lock:
                     self._queued -= 1
+
+        queued.tag = req_id  # type: ignore[attr-defined]
 
         with self._queued_lock:
             self._queued += 1

@@ -179,8 +179,13 @@ def test_a_runaway_warm_kernel_never_holds_the_reader(kernel_dir, rng, road):
         assert took < 0.2, f"ping took {took:.2f} s"
         state, took = answered_within(port, "call_state", runaway_id)
         assert took < 0.2, f"call_state took {took:.2f} s"
-        if road == "call":
-            assert terms.binary_bytes({terms.atom_name(k): v for k, v in state.items()}["state"]) == b"running"
+        # A chain is placed as a call is (its control action carries its
+        # ReqId): the node blames only work the GPU was inside.
+        assert terms.binary_bytes({terms.atom_name(k): v for k, v in state.items()}["state"]) == b"running"
+        if road == "chain":
+            queued_id, _ = send_spin(port, road, spin_input(3, 1))
+            state, _ = answered_within(port, "call_state", queued_id)
+            assert terms.binary_bytes({terms.atom_name(k): v for k, v in state.items()}["state"]) == b"queued"
 
 
 def test_a_loop_free_warm_call_still_runs_inline(rng):

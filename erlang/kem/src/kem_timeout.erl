@@ -26,7 +26,9 @@
 
 -type state() :: map().
 
--define(PLACED, [execute_kernel, execute_kernel_with_params, execute]).
+%% Methods whose timeout may be the kernel's doing (kernel_was_stuck/1 reads
+%% the method's name back from the text finish/5 wrote).
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, chain, session_call]).
 %% Written by finish/5, and only there, into the timeout of a call the port
 %% said the GPU was inside: the one timeout that is the kernel's doing.
 -define(ON_GPU, <<" did not finish in time: it was running on the GPU: ">>).
@@ -34,8 +36,7 @@
 %% @doc Whether a `{error, {timeout, Detail}}' means the kernel itself ran
 %% past its time on the GPU (kem_quarantine refuses it for a while). Only
 %% positive evidence counts: the port answered `running' for that very call
-%% (for a chain, which the port cannot place, an answer that is neither
-%% queued nor fetching). Not a call that waited for a fetch, for the GPU
+%% (chains and session work too: their GPU actions carry their ReqId). Not a call that waited for a fetch, for the GPU
 %% queue or for its kernel's compile; not a probe left unanswered (the
 %% reader is stuck, and which call holds it is unknown); not "the port
 %% owner did not answer in time" (the owner was busy or suspended on a
@@ -52,7 +53,7 @@ kernel_was_stuck(_) ->
 %% The text before ?ON_GPU is the method's name (finish/5), never a port's
 %% or a caller's words.
 is_method(Name) ->
-    lists:member(Name, [atom_to_binary(M) || M <- [chain, session_call | ?PLACED]]).
+    lists:member(Name, [atom_to_binary(M) || M <- ?KERNEL_METHODS]).
 
 %% @doc The timer of pending call Id fired: probe the port.
 -spec call_timed_out(integer(), state()) -> {noreply, state()} | {stop, term(), state()}.
@@ -95,10 +96,10 @@ finish(Id, Where, Detail, State) ->
 finish(Id, Where, Detail, State = #{pending := Pending}, Answered) ->
     case maps:take(Id, Pending) of
         {{From, _TRef, Method, _Shape}, Rest} ->
-            %% The port places only plain kernel calls (intake); session
-            %% work and chains run as GPU actions it cannot place, so for
-            %% them the old rule holds: the GPU may be inside them.
-            Stuck = Where =:= <<"running">> orelse not lists:member(Method, ?PLACED),
+            %% The port places every call, session work and chains
+            %% included (their GPU actions carry their ReqId): only a call
+            %% the GPU is inside, or a reader that did not answer, is stuck.
+            Stuck = Where =:= <<"running">>,
             Suffix = case Stuck andalso application:get_env(kem, kill_on_timeout, true) of
                 true -> <<"; the port was restarted">>;
                 false -> <<"; the port was kept">>
@@ -118,9 +119,6 @@ finish(Id, Where, Detail, State = #{pending := Pending}, Answered) ->
             {noreply, State}
     end.
 
-%% The port said the GPU thread is inside the call; a chain or session call
-%% it cannot place (its GPU actions carry no tag: call_state answers
-%% `unknown') counts when the port answered and did not say it waited.
+%% The port itself said the GPU thread is inside the call.
 on_gpu(_Method, <<"running">>, answered) -> true;
-on_gpu(Method, <<"unknown">>, answered) -> not lists:member(Method, ?PLACED);
 on_gpu(_Method, _Where, _Answered) -> false.
