@@ -1,0 +1,79 @@
+"""Red team of issue 24: attacks on the new defences, through the real
+parts (the WGSL lexer and rewrites kem runs, the real port, lavapipe).
+
+Findings (each test failed on the code before its fix):
+* a run of zeros made every token function of wgsl_canonical quadratic
+  (20 KB: 2.3 s, a 1 MiB kernel: hours, before any compile);
+* the workgroup clearing's "does this type hold an atomic" walk was
+  exponential in a chain of structs that name the one before twice
+  (a 1.3 KB kernel: hours, holding the admission lock), and a chain of
+  1,000 aliases raised RecursionError.
+Held (regression tests): see the tests below the findings.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import start_port
+from kem_port.admission.zeroing import zero_workgroup_memory
+from kem_port.errors import KemError
+from kem_port.gpu.wgsl_canonical import canonical, identifier_counts, sequence_count, tokens
+
+# -- the lexer's speed ---------------------------------------------------------
+
+# The spec's number literals (WGSL 3.4), one pattern each: the spec lexes
+# the longest match of any of them, which is what this reference does.
+_SPEC_NUMBERS = [re.compile(p) for p in (
+    r"0[xX][0-9a-fA-F]*\.[0-9a-fA-F]+(?:[pP][+-]?[0-9]+[fh]?)?",
+    r"0[xX][0-9a-fA-F]+\.[0-9a-fA-F]*(?:[pP][+-]?[0-9]+[fh]?)?",
+    r"0[xX][0-9a-fA-F]+[pP][+-]?[0-9]+[fh]?",
+    r"0[xX][0-9a-fA-F]+[iu]?",
+    r"[0-9]*\.[0-9]+(?:[eE][+-]?[0-9]+)?[fh]?",
+    r"[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?[fh]?",
+    r"[0-9]+[eE][+-]?[0-9]+[fh]?",
+    r"(?:0|[1-9][0-9]*)[fh]",
+    r"(?:0|[1-9][0-9]*)[iu]?",
+)]
+_SPEC_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def spec_words(text: str) -> list[str]:
+    """Identifiers and numbers of text by the spec's longest-match rule,
+    one position at a time (slow, obviously right)."""
+    out, at = [], 0
+    while at < len(text):
+        found = [m.group() for p in (*_SPEC_NUMBERS, _SPEC_IDENT) if (m := p.match(text, at))]
+        best = max(found, key=len, default="")
+        if best:
+            out.append(best)
+            at += len(best)
+        else:
+            at += 1
+    return out
+
+
+@given(st.text(alphabet="0123456789.eExXfhiupa+- ", max_size=24))
+@settings(max_examples=500, deadline=None)
+def test_numbers_and_names_split_where_the_spec_splits_them(text):
+    """The digit-run shortcut changes no token boundary."""
+    words = [value for kind, value, _ in tokens(text) if kind != "punct"]
+    assert words == spec_words(text)
+    assert identifier_counts(text) == Counter(w for w in words if not (w[0].isdigit() or w[0] == "."))
+
+
+@pytest.mark.parametrize("run", ["0" * (1 << 20), "00000000 " * (1 << 17), "0" * (1 << 19) + "e", "0" * (1 << 19) + "x1"])
+def test_a_megabyte_of_zeros_is_lexed_in_linear_time(run):
+    """BEFORE: 20 KB of zeros took 2.3 s in each token function (each
+    "0" rescanned the run for a "."), so 1 MiB took hours."""
+    for analysis in (lambda t: list(tokens(t)), identifier_counts, lambda t: sequence_count(t, ("var", "<", "workgroup"))):
+        started = time.perf_counter()
+        analysis(run)
+        assert time.perf_counter() - started < 1.0
