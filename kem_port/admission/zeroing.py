@@ -208,12 +208,27 @@ def _split_last_arg(args: str) -> tuple[str, str]:
     return args.strip(), ""
 
 
-def _holds_atomic(type_text: str, code: str, seen: frozenset[str] = frozenset()) -> bool:
-    """Whether a type, through the structs and aliases it names, holds an atomic."""
-    if "atomic" in type_text:
-        return True
-    for name in set(re.findall(IDENT, type_text)) - seen:
-        decl = re.search(rf"\b(?:struct\s+{name}\s*\{{[^}}]*\}}|alias\s+{name}\s*=[^;]*;)", code)
-        if decl is not None and _holds_atomic(decl.group(0).split(name, 1)[1], code, seen | {name}):
+_TYPE_DECL = re.compile(rf"\b(?:struct\s+({IDENT})\s*\{{([^}}]*)\}}|alias\s+({IDENT})\s*=([^;]*);)")
+
+
+def _holds_atomic(type_text: str, code: str) -> bool:
+    """Whether a type, through the structs and aliases it names, holds an
+    atomic. Each declaration is read once and each name visited once: a
+    recursive walk that re-searched the code for every path was
+    exponential in a ladder of structs naming the one below twice (14
+    levels: 1.1 s, doubling each level) and hit Python's recursion limit
+    at ~1,000 aliases (red team, issue 24)."""
+    bodies: dict[str, str] = {}
+    for decl in _TYPE_DECL.finditer(code):
+        bodies.setdefault(decl.group(1) or decl.group(3), decl.group(2) if decl.group(1) else decl.group(4))
+    seen: set[str] = set()
+    pending = [type_text]
+    while pending:
+        text = pending.pop()
+        if "atomic" in text:
             return True
+        for name in set(re.findall(IDENT, text)) - seen:
+            seen.add(name)
+            if name in bodies:
+                pending.append(bodies[name])
     return False
