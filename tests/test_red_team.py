@@ -115,3 +115,72 @@ def test_a_long_alias_chain_is_an_answer_not_a_recursion_error(atomic):
     else:
         assert "_kem_i < u32(4)" in zero_workgroup_memory(alias_chain(5000, atomic=False))
     assert time.perf_counter() - started < 2.0
+
+
+# -- dispatch isolation: a plain kernel that reads everything it can ----------
+
+# Word 0: arrayLength of its input; word 1 + k: input[k] for every k the
+# output can hold (far past its own input: robust access must keep it in
+# its own binding); a params variant adds its uniform's 16 words.
+PLAIN_DUMP = """
+@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
+    let k = gid.x + gid.y * n.x * 64u;
+    if (k >= arrayLength(&output)) { return; }
+    if (k == 0u) { output[0] = arrayLength(&input); return; }
+    output[k] = input[k - 1u] | input[k + 4096u] | input[0xffffffffu - k];
+}
+"""
+DUMP_OUT = 16 * 1024
+
+
+@pytest.fixture(scope="module")
+def dump_port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("kernels")
+    (kernels / "dump.wgsl").write_text(PLAIN_DUMP)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+        for kernel in (b"dump", b"double"):
+            client.call("execute_kernel", kernel, bytes(8), 1)
+        yield client
+
+
+def _frame(req_id: int, kernel: bytes, data: bytes, hint: int) -> bytes:
+    from kem_port import terms
+    return terms.encode((terms.atom("call"), req_id, terms.atom("execute_kernel"), (terms.Binary(kernel), terms.Binary(data), hint)))
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_a_plain_kernel_reading_far_out_of_range_sees_only_its_own_input(dump_port, rng, round_):
+    """Held: singles [dump, double(victim), dump, ...] and a group of dumps
+    (the slot form) behind a sleeping GPU, odd sizes: every word a dump
+    reads is its own input's or 0 (lavapipe clamps into the binding)."""
+    from kem_port import group_frames, terms
+    busy = dump_port.call_async("test_hook", terms.atom("sleep_gpu"), 300)
+    time.sleep(0.1)
+    size_a = 4 * int(rng.integers(1, 9))
+    victims = [rng.integers(1 << 31, 1 << 32, int(rng.integers(1, 50)), dtype=np.uint64).astype("<u4").tobytes() for _ in range(4)]
+    dumps = [rng.integers(1, 1 << 31, size_a // 4, dtype=np.uint64).astype("<u4").tobytes() for _ in range(3 + 8)]
+    hint = DUMP_OUT // size_a
+    ids = dump_port.next_req_ids(7)
+    singles = [(b"dump", dumps[0]), (b"double", victims[0]), (b"dump", dumps[1]), (b"double", victims[1]),
+               (b"dump", dumps[2]), (b"double", victims[2]), (b"double", victims[3])]
+    frames = [_frame(r, k, d, hint if k == b"dump" else 1) for r, (k, d) in zip(ids, singles)]
+    group_ids = dump_port.next_req_ids(8)
+    frames.append(group_frames.encode_group(b"dump", hint, [(r, 60000) for r in group_ids], dumps[3:]))
+    order = list(zip(ids, singles)) + [(r, (b"dump", d)) for r, d in zip(group_ids, dumps[3:])]
+    futures = dump_port.call_raw_batch(frames, [r for r, _ in order])
+    secret = {int(w) for v in victims for w in np.frombuffer(v, "<u4")}
+    for fut, (_, (kernel, data)) in zip(futures, order):
+        reply = fut.result(60)
+        x = np.frombuffer(data, "<u4")
+        if kernel == b"double":
+            assert reply == (x * np.uint32(2)).tobytes()
+            continue
+        words = np.frombuffer(reply, "<u4")
+        assert len(reply) == hint * size_a and int(words[0]) == len(x)
+        assert not secret & {int(w) for w in words}
+        own = {int(a) | int(b) | int(c) for a in list(x) + [0] for b in list(x) + [0] for c in list(x) + [0]}
+        assert {int(w) for w in words[1:]} <= own
+    busy.result(30)
