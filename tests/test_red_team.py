@@ -184,3 +184,45 @@ def test_a_plain_kernel_reading_far_out_of_range_sees_only_its_own_input(dump_po
         own = {int(a) | int(b) | int(c) for a in list(x) + [0] for b in list(x) + [0] for c in list(x) + [0]}
         assert {int(w) for w in words[1:]} <= own
     busy.result(30)
+
+
+# -- what an output holds that the kernel never wrote --------------------------
+
+NOOP = """
+@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x == 0xffffffffu) { output[0] = input[0]; }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def noop_port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("kernels")
+    (kernels / "noop.wgsl").write_text(NOOP)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+        client.call("execute_kernel", b"noop", bytes(4), 1)
+        yield client
+
+
+def test_an_output_the_kernel_never_writes_is_zeros_not_a_previous_callers(noop_port, rng):
+    """Held: pooled output buffers are cleared; singles, odd sizes and
+    slot-form groups of a kernel that writes nothing, right after and
+    beside victims' doubles, read back only zeros."""
+    from kem_port import terms
+    for round_ in range(6):
+        size = 4 * int(rng.integers(1, 2000))
+        secret = rng.integers(1 << 31, 1 << 32, size // 4, dtype=np.uint64).astype("<u4").tobytes()
+        busy = noop_port.call_async("test_hook", terms.atom("sleep_gpu"), 100) if round_ % 2 else None
+        victims = [noop_port.call_async("execute_kernel", b"double", secret, 1) for _ in range(3)]
+        noops = [noop_port.call_async("execute_kernel", b"noop", bytes(int(rng.integers(1, 64))), int(rng.integers(1, 300))) for _ in range(3)]
+        noops += noop_port.call_group_async(b"noop", [bytes(size)] * 8)
+        for fut in victims:
+            assert fut.result(60) == (np.frombuffer(secret, "<u4") * np.uint32(2)).tobytes()
+        for fut in noops:
+            reply = fut.result(60)
+            assert reply == bytes(len(reply)) and len(reply) > 0
+        if busy is not None:
+            busy.result(30)
