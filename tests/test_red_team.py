@@ -226,3 +226,42 @@ def test_an_output_the_kernel_never_writes_is_zeros_not_a_previous_callers(noop_
             assert reply == bytes(len(reply)) and len(reply) > 0
         if busy is not None:
             busy.result(30)
+
+
+# -- lavapipe compiles at the first dispatch, not at create_compute_pipeline ---
+
+# Loop-free, 300 bytes: one dynamically indexed private array. On lavapipe
+# naga and create_compute_pipeline take ~1 s (the compile worker's check),
+# but llvmpipe JITs the shader at its first dispatch: 1,024 elements cost
+# ~25 s there, 4,096 more than 150 s, on the port's GPU thread, with every
+# other caller queued behind it.
+JIT_BOMB = """
+@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var a: array<u32, 4096>;
+    if (gid.x < arrayLength(&output)) { output[gid.x] = a[input[0] & 4095u]; }
+}
+"""
+
+
+def test_a_kernel_whose_first_dispatch_compiles_for_minutes_is_refused_in_the_worker(kernel_dir, rng):
+    """BEFORE: the compile worker passed it in ~1 s and the port's GPU
+    thread spent minutes in its first dispatch; a bystander's double, sent
+    after it, waited as long (no answer in 40 s)."""
+    (kernel_dir / "jit_bomb.wgsl").write_text(JIT_BOMB)
+    port = start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"))
+    try:
+        port.call("execute_kernel", b"double", bytes(8), 1)
+        bomb = port.call_async("execute_kernel", b"jit_bomb", bytes(16), 16)
+        time.sleep(1.0)
+        words = rng.integers(0, 2**31, 64, dtype=np.uint32)
+        bystander = port.call_async("execute_kernel", b"double", words.tobytes(), 1)
+        assert bystander.result(40) == (words * np.uint32(2)).tobytes()
+        with pytest.raises(Exception) as refused:
+            bomb.result(40)
+        assert getattr(refused.value, "reason", None) == "kernel_rejected", refused.value
+    finally:
+        port.proc.kill()
+        port.proc.wait(10)
