@@ -107,9 +107,11 @@ def test_rewrite_ignores_comments_and_refuses_what_it_cannot_clear():
     assert zero_workgroup_memory(commented) == commented
     text = "a /* b /* c */ d */ e // f\ng"
     assert strip_comments(text).split() == ["a", "e", "g"] and len(strip_comments(text)) == len(text)
-    struct_atomic = HEAD + "struct S { n: atomic<u32> }\nvar<workgroup> s: S;\n@compute @workgroup_size(1) fn main() {}"
+    # A ladder of structs, each holding the one below twice, would need 2^k
+    # clearing statements member by member: refused past a bound, not built.
+    ladder = "struct S0 { n: atomic<u32> }\n" + "".join(f"struct S{k} {{ a: S{k - 1}, b: S{k - 1} }}\n" for k in range(1, 13))
     with pytest.raises(KemError) as err:
-        zero_workgroup_memory(struct_atomic)
+        zero_workgroup_memory(HEAD + ladder + "var<workgroup> s: S12;\n@compute @workgroup_size(1) fn main() {}")
     assert err.value.reason == "kernel_rejected"
 
 
@@ -139,3 +141,75 @@ def test_a_hidden_workgroup_declaration_is_cleared_too(kernel_dir, rng, how):
             port.call("execute_kernel", b"wg_write", secret.tobytes(), 1)
             read = port.call("execute", b"wg_hidden", bytes(1024 * groups), {"workgroups": (groups, 1, 1)})
             assert not any(read), f"workgroup memory leaked from the previous caller ({how})"
+
+
+# Compatibility sweep (issue 25: real kernels as their authors wrote them).
+# A workgroup size written as an expression (a scan over a block of 2N
+# elements by N invocations): the clearing loop's stride once took only the
+# tokens tree-sitter parsed, "u32(/ 2)", and a valid kernel failed to compile.
+BLOCK_SCAN = HEAD + """const BLOCK: u32 = 128u;
+var<workgroup> chunk: array<u32, BLOCK>;
+@compute @workgroup_size(BLOCK / 2, 1)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    let base = w.x * BLOCK;
+    chunk[2u * i] = inp[base + 2u * i];
+    chunk[2u * i + 1u] = inp[base + 2u * i + 1u];
+    workgroupBarrier();
+    out[w.x * (BLOCK / 2u) + i] = chunk[BLOCK - 1u - 2u * i] * 3u + chunk[i];
+}
+"""
+# A histogram in a workgroup struct of atomics (a scalar, an array and an
+# array of arrays of them, beside a plain member): once refused outright on
+# an adapter that leaks workgroup memory; now cleared member by member.
+TALLY = """struct Tally { count: atomic<u32>, bins: array<atomic<u32>, 16>, grid: array<array<atomic<u32>, 4>, 4>, seen: u32 }
+alias TallyAlias = Tally;
+var<workgroup> tally: TallyAlias;
+"""
+HISTOGRAM = HEAD + TALLY + """@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    let v = inp[w.x * 64u + i];
+    atomicAdd(&tally.count, 1u);
+    atomicAdd(&tally.bins[v % 16u], 1u);
+    atomicAdd(&tally.grid[v % 4u][(v / 4u) % 4u], 1u);
+    workgroupBarrier();
+    if (i < 16u) { out[w.x * 33u + i] = atomicLoad(&tally.bins[i]); }
+    else if (i < 32u) { out[w.x * 33u + i] = atomicLoad(&tally.grid[(i - 16u) / 4u][i % 4u]); }
+    else if (i == 32u) { out[w.x * 33u + i] = atomicLoad(&tally.count) + tally.seen; }
+}
+"""
+# Reads the struct and writes none of it: WGSL says zeros.
+TALLY_READER = HEAD + TALLY + """@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    out[w.x * 64u + i] = atomicLoad(&tally.bins[i % 16u]) | atomicLoad(&tally.grid[i % 4u][i / 16u])
+        | atomicLoad(&tally.count) | tally.seen | (inp[0] & 0u);
+}
+"""
+
+
+def test_a_workgroup_size_expression_is_cleared_with_it_whole(kernel_dir, rng):
+    # the port compiles the rewritten text: the first call shows a broken rewrite
+    (kernel_dir / "scan.wgsl").write_text(BLOCK_SCAN)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for groups in (1, 3, 17):
+            words = rng.integers(0, 2**20, 128 * groups, dtype=np.uint32)
+            out = port.call("execute", b"scan", words.tobytes(), {"output_size": 256 * groups, "workgroups": (groups, 1, 1)})
+            blocks = words.reshape(groups, 128)
+            want = blocks[:, 127 - 2 * np.arange(64)] * np.uint32(3) + blocks[:, :64]
+            assert np.frombuffer(out, np.uint32).tolist() == want.ravel().tolist()
+
+
+def test_a_workgroup_struct_of_atomics_is_cleared_member_by_member(kernel_dir, rng):
+    (kernel_dir / "histogram.wgsl").write_text(HISTOGRAM)
+    (kernel_dir / "tally_read.wgsl").write_text(TALLY_READER)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for groups in (1, 4, 9, 4):
+            values = rng.integers(0, 2**16, 64 * groups, dtype=np.uint32)
+            out = np.frombuffer(port.call("execute", b"histogram", values.tobytes(),
+                                          {"output_size": 4 * 33 * groups, "workgroups": (groups, 1, 1)}), np.uint32)
+            for g, row in enumerate(out.reshape(groups, 33)):
+                v = values[64 * g : 64 * (g + 1)]
+                assert row[:16].tolist() == np.bincount(v % 16, minlength=16).tolist()
+                assert row[16:32].tolist() == np.bincount((v % 4) * 4 + (v // 4) % 4, minlength=16).tolist()
+                assert row[32] == 64
+            read = port.call("execute", b"tally_read", bytes(256 * groups), {"workgroups": (groups, 1, 1)})
+            assert not any(read), "a workgroup struct of atomics leaked from the previous caller"

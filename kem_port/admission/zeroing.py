@@ -16,9 +16,10 @@ it), and the declarations it clears must number exactly the
 ``var<workgroup>`` the WGSL lexer counts, and the entry points it edits
 the ``@compute`` ones, else the kernel is refused (issue 24).
 
-Atomics cannot be assigned, so they are cleared with ``atomicStore``; a
-workgroup variable of a shape the rewrite does not cover (a struct holding
-atomics, arrays of arrays of atomics) makes the kernel refused as
+Atomics cannot be assigned, so they are cleared with ``atomicStore``, and
+a struct or nested array holding them part by part (admission/
+zeroing_types.py); a variable of a shape the rewrite cannot read, or one
+needing over 256 statements, makes the kernel refused as
 ``kernel_rejected`` on an adapter that leaks, never run uncleared.
 """
 
@@ -32,12 +33,10 @@ from tree_sitter import Node
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl_canonical import canonical, sequence_count
 from kem_port.gpu.wgsl_reflect import _attributes, _parser
+from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
-IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({IDENT})\s*:\s*([^;]+);")
 _WORKGROUP_ANY = re.compile(r"\bvar\s*<\s*workgroup\b")
-_ARRAY = re.compile(r"array\s*<(.*)>", re.S)
-_ATOMIC = re.compile(r"atomic\s*<[^<>]*>")
 INDEX = "_kem_lii"
 
 
@@ -104,8 +103,9 @@ def _entry_edits(fn: Node, code: str, found: list[WorkgroupVar]) -> list[tuple[i
         params = next((c for c in fn.children if c.type == "parameter_list"), None)
         edits.append((open_paren.end_byte, f"@builtin(local_invocation_index) {INDEX}: u32" + (", " if params else "")))
         index = INDEX
-    stride = _stride(fn)
-    lines = [_clear(var, index, stride, code) for var in found]
+    stride = _stride(fn, code)
+    types = Types(code)
+    lines = [_clear(var, index, stride, types) for var in found]
     edits.append((body.start_byte + 1, "\n    " + "\n    ".join(lines) + "\n    workgroupBarrier();\n"))
     return edits
 
@@ -154,81 +154,71 @@ def _struct_member_index(type_name: str, code: str) -> str | None:
     return member.group(1) if member else None
 
 
-def _stride(fn: Node) -> str:
+def _stride(fn: Node, code: str) -> str:
     """The workgroup's invocation count as a WGSL expression (any value
-    from 1 to the true count is correct, only slower)."""
-    for attr, args in _attributes(fn):
-        if attr == "workgroup_size" and args:
-            return " * ".join(f"u32({a.text.decode()})" for a in args)
+    from 1 to the true count is correct, only slower). Read off the
+    attribute's text, not its parse: tree-sitter's grammar splits an
+    expression argument such as ``BLOCK / 2`` into an ERROR node and its
+    tokens, and a stride built from those ("u32(/ 2)") did not compile
+    (a real prefix-sum kernel, compatibility sweep)."""
+    for attr in fn.children:
+        if attr.type == "attribute" and any(p.type == "identifier" and p.text == b"workgroup_size" for p in attr.children):
+            args = _attribute_args(code[attr.start_byte : attr.end_byte])
+            return " * ".join(f"u32({a})" for a in args) if args else "1u"
     return "1u"
 
 
-def _clear(var: WorkgroupVar, index: str, stride: str, code: str) -> str:
-    kind, element, count = _shape(var.type_text, code)
+def _attribute_args(text: str) -> list[str] | None:
+    """The 1-3 arguments of ``@workgroup_size(...)``, split at top-level
+    commas; None when unsure (a template's comma: '<' may also compare)."""
+    open_at = text.find("(")
+    if open_at < 0 or not text.endswith(")"):
+        return None
+    args, depth, part = [], 0, ""
+    for ch in text[open_at + 1 : -1]:
+        depth += (ch in "([") - (ch in ")]")
+        if depth < 0 or ch in "<>":
+            return None
+        if ch == "," and depth == 0:
+            args.append(part.strip())
+            part = ""
+        else:
+            part += ch
+    args.append(part.strip())
+    if args and not args[-1] and len(args) > 1:
+        args.pop()  # a trailing comma
+    return args if 1 <= len(args) <= 3 and all(args) and depth == 0 else None
+
+
+def _clear(var: WorkgroupVar, index: str, stride: str, types: Types) -> str:
+    kind, element, count = _shape(var.type_text, types)
     if kind == "plain":
         return f"if ({index} == 0u) {{ {var.name} = {var.type_text}(); }}"
     if kind == "atomic":
         return f"if ({index} == 0u) {{ atomicStore(&{var.name}, 0); }}"
+    if kind == "composite":
+        return f"if ({index} == 0u) {{ {' '.join(clear_parts(var.name, var.type_text, types, 0, [0]))} }}"
     loop = f"for (var _kem_i: u32 = {index}; _kem_i < u32({count}); _kem_i += {stride})"
     if kind == "array":
         return f"{loop} {{ {var.name}[_kem_i] = {element}(); }}"
-    return f"{loop} {{ atomicStore(&{var.name}[_kem_i], 0); }}"
+    return f"{loop} {{ {' '.join(clear_parts(f'{var.name}[_kem_i]', element, types, 0, [0]))} }}"
 
 
-def _shape(type_text: str, code: str) -> tuple[str, str, str]:
-    """("plain" | "atomic" | "array" | "atomic_array", element, count)."""
-    array = _ARRAY.fullmatch(type_text)
+def _shape(type_text: str, types: Types) -> tuple[str, str, str]:
+    """("plain" | "atomic" | "array" | "composite" | "composite_array",
+    element, count): a composite holds atomics in a struct or a nested
+    array and is cleared part by part (zeroing_types.clear_parts)."""
+    array = ARRAY.fullmatch(type_text)
     if array is not None:
-        element, count = _split_last_arg(array.group(1))
-        if count and not _holds_atomic(element, code):
+        element, count = split_last_arg(array.group(1))
+        if count and not types.holds_atomic(element):
             return "array", element, count
-        if count and _ATOMIC.fullmatch(element):
-            return "atomic_array", element, count
-    elif _ATOMIC.fullmatch(type_text):
+        if count:
+            return "composite_array", element, count
+    elif ATOMIC.fullmatch(type_text):
         return "atomic", type_text, ""
-    elif not _holds_atomic(type_text, code):
+    elif not types.holds_atomic(type_text):
         return "plain", type_text, ""
-    raise KemError("kernel_rejected", f"workgroup variable {var_label(type_text)} cannot be cleared on this adapter")
-
-
-def var_label(type_text: str) -> str:
-    return type_text[:60]
-
-
-def _split_last_arg(args: str) -> tuple[str, str]:
-    depth = 0
-    for i in range(len(args) - 1, -1, -1):
-        ch = args[i]
-        if ch in ">)":
-            depth += 1
-        elif ch in "<(":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            return args[:i].strip(), args[i + 1 :].strip()
-    return args.strip(), ""
-
-
-_TYPE_DECL = re.compile(rf"\b(?:struct\s+({IDENT})\s*\{{([^}}]*)\}}|alias\s+({IDENT})\s*=([^;]*);)")
-
-
-def _holds_atomic(type_text: str, code: str) -> bool:
-    """Whether a type, through the structs and aliases it names, holds an
-    atomic. Each declaration is read once and each name visited once: a
-    recursive walk that re-searched the code for every path was
-    exponential in a ladder of structs naming the one below twice (14
-    levels: 1.1 s, doubling each level) and hit Python's recursion limit
-    at ~1,000 aliases (red team, issue 24)."""
-    bodies: dict[str, str] = {}
-    for decl in _TYPE_DECL.finditer(code):
-        bodies.setdefault(decl.group(1) or decl.group(3), decl.group(2) if decl.group(1) else decl.group(4))
-    seen: set[str] = set()
-    pending = [type_text]
-    while pending:
-        text = pending.pop()
-        if "atomic" in text:
-            return True
-        for name in set(re.findall(IDENT, text)) - seen:
-            seen.add(name)
-            if name in bodies:
-                pending.append(bodies[name])
-    return False
+    else:
+        return "composite", type_text, ""
+    raise cannot_clear(type_text)
