@@ -197,9 +197,28 @@ names(Field) ->
     Kebab = binary:replace(Snake, <<"_">>, <<"-">>, [global]),
     lists:usort([Kebab, Snake]).
 
-is_octet_stream(CT) when is_binary(CT) ->
-    string:prefix(string:lowercase(CT), <<"application/octet-stream">>) =/= nomatch;
+%% ASCII case only: string:lowercase/1 raises on a header that is not
+%% UTF-8 (HTTP allows any byte 0x80-0xFF in a value).
+is_octet_stream(<<Type:24/binary, _/binary>>) ->
+    << <<(ascii_lower(C))>> || <<C>> <= Type >> =:= <<"application/octet-stream">>;
 is_octet_stream(_) -> false.
+
+ascii_lower(C) when C >= $A, C =< $Z -> C + 32;
+ascii_lower(C) -> C.
+
+%% A header's integer: ASCII blanks around digits. Not string:trim/1, which
+%% raises `{badarg, _}' (not caught as `badarg') on bytes that are not UTF-8.
+-spec header_integer(binary()) -> integer().
+header_integer(Bin) ->
+    binary_to_integer(trim_blanks(Bin)).
+
+trim_blanks(<<C, Rest/binary>>) when C =:= $\s; C =:= $\t -> trim_blanks(Rest);
+trim_blanks(Bin) ->
+    Size = byte_size(Bin) - 1,
+    case Bin of
+        <<Head:Size/binary, C>> when C =:= $\s; C =:= $\t -> trim_blanks(Head);
+        _ -> Bin
+    end.
 
 args(Key, Fields) ->
     KernelId = kernel_id(maps:get(kernel_id, Fields, missing)),
@@ -229,7 +248,7 @@ input_data(_) -> bad(<<"input-data must be an array of integers 0-255">>).
 
 hint(N) when is_integer(N), N > 0 -> N;
 hint(Bin) when is_binary(Bin) ->
-    try binary_to_integer(string:trim(Bin)) of
+    try header_integer(Bin) of
         N -> hint(N)
     catch error:badarg -> bad(<<"output-size-hint must be an integer > 0">>)
     end;
@@ -242,7 +261,7 @@ params(List) when is_list(List), List =/= [] ->
     end;
 params(Bin) when is_binary(Bin) ->
     %% As a message key (an HTTP header): "10,10,4,0".
-    try [binary_to_integer(string:trim(P)) || P <- binary:split(Bin, <<",">>, [global])] of
+    try [header_integer(P) || P <- binary:split(Bin, <<",">>, [global])] of
         List -> params(List)
     catch error:badarg -> bad(<<"params must be comma-separated integers 0..4294967295">>)
     end;

@@ -159,11 +159,13 @@ session_call(Session, KernelId, Input, Opts) ->
                 quarantine_on_timeout(kernel_id(KernelId), Timeout, Reply)
             end).
 %% A chain that outlived the default timeout on the GPU counts against its
-%% kernels (kem_timeout:kernel_was_stuck/1), but its steps share one
-%% timeout, so which one ran away is unknown: a chain of one kernel
-%% quarantines that kernel; a chain of several quarantines each for chains
-%% only (`{chain, Kernel}'), so a stranger who chains `double' with a slow
-%% kernel cannot get `double' refused to every caller.
+%% kernels (kem_timeout:kernel_was_stuck/1), for chains only (`{chain,
+%% Kernel}'): its steps share one timeout, so which one ran away is
+%% unknown, and how much work it asks is the requester's choice (up to 16
+%% times the port's largest output, 256 times a 16 MiB dev_kem call), so
+%% even a chain of one kernel proves nothing of that kernel's calls: a
+%% stranger's 1.2 KB chain of `double' alone ran 19 times its largest call
+%% and had `double' refused to every caller (kem_red_team2_tests).
 -spec chain([kem_session:step()], map()) -> {ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}.
 chain(Steps, Opts) ->
     element(1, chain_checked(Steps, Opts)).
@@ -297,9 +299,7 @@ chain_checked(Steps, Opts) ->
             {Error, no_usage()}
     end.
 
-%% Who a chain's timeout counts against: its one kernel, or each of its
-%% kernels for chains only.
-chain_quarantine([Kernel]) -> [Kernel];
+%% Who a chain's timeout counts against: each of its kernels, in chains.
 chain_quarantine(Kernels) -> [{chain, K} || K <- Kernels].
 
 %% What ran, for usage records: the steps' kernel ids, comma-separated.
