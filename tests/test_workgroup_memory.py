@@ -213,3 +213,29 @@ def test_a_workgroup_struct_of_atomics_is_cleared_member_by_member(kernel_dir, r
                 assert row[32] == 64
             read = port.call("execute", b"tally_read", bytes(256 * groups), {"workgroups": (groups, 1, 1)})
             assert not any(read), "a workgroup struct of atomics leaked from the previous caller"
+
+
+# A workgroup array sized by an override constant, named through an alias
+# (kernels templated by the host): cleared as "W = Tile()", which naga
+# refuses (an override-sized array is not constructible): a valid kernel
+# failed to compile. The alias is followed and the array cleared by element.
+OVERRIDE_TILE = HEAD + """override HALF: u32 = 32u;
+alias Tile = array<u32, HALF * 2u>;
+var<workgroup> tile: Tile;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    tile[i] = inp[w.x * 64u + i];
+    workgroupBarrier();
+    out[w.x * 64u + i] = tile[63u - i] ^ tile[i];
+}
+"""
+
+
+def test_an_override_sized_workgroup_array_behind_an_alias_is_cleared(kernel_dir, rng):
+    (kernel_dir / "tile.wgsl").write_text(OVERRIDE_TILE)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for groups in (1, 2, 7):
+            words = rng.integers(0, 2**32, 64 * groups, dtype=np.uint32)
+            out = port.call("execute", b"tile", words.tobytes(), {"workgroups": (groups, 1, 1)})
+            blocks = words.reshape(groups, 64)
+            assert np.frombuffer(out, np.uint32).tolist() == (blocks[:, ::-1] ^ blocks).ravel().tolist()

@@ -207,7 +207,11 @@ def _clear(var: WorkgroupVar, index: str, stride: str, types: Types) -> str:
 def _shape(type_text: str, types: Types) -> tuple[str, str, str]:
     """("plain" | "atomic" | "array" | "composite" | "composite_array",
     element, count): a composite holds atomics in a struct or a nested
-    array and is cleared part by part (zeroing_types.clear_parts)."""
+    array and is cleared part by part (zeroing_types.clear_parts). An
+    alias is followed first: an array sized by an override constant is not
+    constructible, so ``W = Alias()`` failed to compile; it is cleared
+    element by element like the array it names."""
+    type_text = types.resolve(type_text)
     array = ARRAY.fullmatch(type_text)
     if array is not None:
         element, count = split_last_arg(array.group(1))
