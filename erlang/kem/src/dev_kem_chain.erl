@@ -50,12 +50,19 @@ snake(N, Map) when is_map(Map) ->
     Snake = maps:from_list([{S, V} || {S, _, V} <- Pairs]),
     case map_size(Snake) =:= length(Pairs) of
         true -> Snake;
-        false ->
-            [Twice | _] = [K || {S, K, _} <- Pairs, length([x || {S2, _, _} <- Pairs, S2 =:= S]) > 1],
-            bad(N, bad_args, dev_kem:duplicate_key(Twice))
+        false -> bad(N, bad_args, dev_kem:duplicate_key(twice(Pairs, #{})))
     end;
 snake(_N, Other) ->
     Other.
+
+%% The first key whose snake_case name came before, in one pass: a count
+%% per key was quadratic (16,000 keys, a 165 KB body: 2.4 s of the node's
+%% CPU per request).
+twice([{S, K, _} | Rest], Seen) ->
+    case maps:is_key(S, Seen) of
+        true -> K;
+        false -> twice(Rest, Seen#{S => true})
+    end.
 
 steps(List) when is_list(List), List =/= [], length(List) =< ?MAX_STEPS ->
     [step(N, S) || {N, S} <- lists:zip(lists:seq(1, length(List)), List)];

@@ -9,6 +9,7 @@
 red_team2_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 120, fun every_request_shape_gets_a_safe_reply/0},
+      {timeout, 120, fun request_parsing_is_linear_in_the_body/0},
       {timeout, 120, fun a_chain_of_an_innocent_kernel_cannot_quarantine_it/0}
       | findings()]}.
 
@@ -83,6 +84,31 @@ every_request_shape_gets_a_safe_reply() ->
     Failures = [{F, shape(M), R} || {F, M} <- Requests, R <- [reply_problem(F, M)], R =/= ok],
     io:format(user, "~n~b request shapes; failures: ~p~n", [length(Requests), Failures]),
     ?assertEqual([], Failures).
+
+%% Bodies a stranger sends to make the node's CPU work: a chain step of
+%% 16,000 keys with one under both spellings (the duplicate search was
+%% quadratic: 2.4 s for 165 KB), a number of 1,000,000 digits (a bignum
+%% decode quadratic in its digits: 6.8 s for 1 MB). Each is refused in
+%% well under a second, and the worst legitimate-looking body, 1 MB of
+%% 1,024-digit numbers, still decodes.
+request_parsing_is_linear_in_the_body() ->
+    Keys = [{<<"k", (integer_to_binary(I))/binary>>, 1} || I <- lists:seq(1, 16000)],
+    Step = maps:from_list([{<<"kernel-id">>, <<"double">>}, {<<"a-b">>, 1}, {<<"a_b">>, 2} | Keys]),
+    ManyKeys = kem_json:encode(#{<<"steps">> => [Step]}),
+    BigNumber = iolist_to_binary(["{\"kernel-id\": \"double\", \"input-data\": [1], \"output-size-hint\": ",
+                                  binary:copy(<<"9">>, 1000000), "}"]),
+    [begin
+         T0 = now_ms(),
+         {error, Reply} = dev_kem:F(#{}, #{<<"body">> => Body}, #{}),
+         Ms = now_ms() - T0,
+         io:format(user, "~n~p of ~b bytes: ~b ms, ~p", [F, byte_size(Body), Ms, maps:get(<<"reason">>, Reply)]),
+         ?assertMatch(#{<<"status">> := 400}, Reply),
+         ?assert(Ms < 500)
+     end || {F, Body} <- [{execute_chain, ManyKeys}, {execute_kernel, BigNumber}]],
+    Runs = iolist_to_binary([<<"[">>, lists:join(<<",">>, lists:duplicate(1000, binary:copy(<<"9">>, 1024))), <<"]">>]),
+    T1 = now_ms(),
+    {ok, [_ | _]} = kem_json:decode(Runs),
+    io:format(user, "~n1000 numbers of 1,024 digits (~b bytes) decode in ~b ms~n", [byte_size(Runs), now_ms() - T1]).
 
 shape(M) -> B = iolist_to_binary(io_lib:format("~0P", [M, 6])), binary:part(B, 0, min(100, byte_size(B))).
 
