@@ -5,7 +5,7 @@
 %%% kem and the echo port (tools/echo_port.py: same framing, no GPU) in the
 %%% same run. `scripts/bench wire'.
 -module(kem_wire_bench).
--export([run/1]).
+-export([run/1, profile/1]).
 
 -define(SMALL, <<1, 3, 5, 7>>).
 
@@ -22,6 +22,51 @@ run(Seconds) ->
     port(<<"kem">>, Kem, [kem_port:os_pid(P) || P <- kem_sup:port_names()], Seconds),
     port(<<"echo">>, EchoCall, [kem_port:os_pid(Echo)], Seconds),
     stages(Kem, Seconds).
+
+%% @doc Where the Erlang side's time goes at 64 callers (eprof, every
+%% caller and port owner; `scripts/bench wire' does not run it): per
+%% process kind and per module, in µs per call, for kem and the echo port.
+%% eprof's tracing inflates every figure (a traced call costs ~1 µs), so
+%% read the shares, not the sums; docs/benchmarks.md, "BEAM CPU per call".
+-spec profile(pos_integer()) -> ok.
+profile(Seconds) ->
+    logger:set_primary_config(level, error),
+    {ok, _} = application:ensure_all_started(kem),
+    kem_bench:settle(),
+    {ok, Echo} = kem_port:start_script(echo_tool()),
+    Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
+    EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
+    Owners = [whereis(P) || P <- kem_sup:port_names()],
+    _ = rate(Kem, 64, 1),
+    profiled(<<"kem">>, Kem, Owners, Seconds),
+    profiled(<<"echo">>, EchoCall, [Echo], Seconds).
+
+profiled(Name, Call, Owners, Seconds) ->
+    {ok, _} = eprof:start(),
+    profiling = eprof:start_profiling([self() | Owners], {'_', '_', '_'}, [set_on_spawn]),
+    Calls = rate(Call, 64, Seconds) * Seconds,
+    profiling_stopped = eprof:stop_profiling(),
+    Data = eprof:dump(),
+    stopped = eprof:stop(),
+    PerCall = fun(Us) -> Us / Calls end,
+    Side = fun(Pid) -> case lists:member(Pid, Owners) of true -> owner; false -> caller end end,
+    BySide = sum_by(fun({Pid, _Mfa}) -> Side(Pid) end, Data),
+    ByModule = sum_by(fun({Pid, {M, _, _}}) -> {Side(Pid), M} end, Data),
+    ByFun = sum_by(fun({Pid, Mfa}) -> {Side(Pid), Mfa} end, Data),
+    ok = io:format("~s under eprof, 64 callers: ~b calls; us per call by side: ~s~n",
+                   [Name, round(Calls), [io_lib:format("~p ~.2f  ", [K, PerCall(V)]) || {K, V} <- BySide]]),
+    ok = io:format("  by module: ~s~n", [[io_lib:format("~p:~p ~.2f  ", [S, M, PerCall(V)]) || {{S, M}, V} <- top(ByModule, 30)]]),
+    [io:format("    ~p ~p:~p/~p ~.2f~n", [S, M, F, A, PerCall(V)]) || {{S, {M, F, A}}, V} <- top(ByFun, 45)],
+    ok.
+
+sum_by(Key, Data) ->
+    Sums = lists:foldl(fun({Pid, Funs}, Acc) ->
+                           lists:foldl(fun({Mfa, {_Count, Us}}, A) -> maps:update_with(Key({Pid, Mfa}), fun(V) -> V + Us end, Us, A) end,
+                                       Acc, Funs)
+                       end, #{}, Data),
+    lists:reverse(lists:keysort(2, maps:to_list(Sums))).
+
+top(Sorted, N) -> lists:sublist(Sorted, N).
 
 %% Where a batch's time goes at 64 callers, summed over every port: the
 %% ports' own stage timers (wall µs, docs/executor.md) per batch, and how
