@@ -2,7 +2,8 @@
 %%% calls, owned by the process that opened them; and chains of kernels
 %%% run in one submission. docs/sessions.md is the full description.
 %%%
-%%% A session handle is `{kem_session, PortName, Incarnation, SessionId}'.
+%%% A session handle is `{kem_session, PortName, Incarnation, SessionId}',
+%%% SessionId sealed (the port's id and a tag only this node can make).
 %%% The owner (the process that called `open/1') is monitored by this
 %%% server: when it exits, the session is closed on the port and its
 %%% buffers go back to the pool at once. A port that restarted (kill,
@@ -36,7 +37,7 @@ open(Opts) when is_map(Opts) ->
         {ok, Port} ->
             case kem_port:call(Port, session_open, {PortOpts}, Timeout) of
                 {ok, {Incarnation, Id}} ->
-                    Session = {kem_session, Port, Incarnation, Id},
+                    Session = {kem_session, Port, Incarnation, sealed(Port, Incarnation, Id)},
                     watch(self(), Session);
                 Error ->
                     Error
@@ -121,6 +122,9 @@ start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
 init([]) ->
+    %% Once per node: a restarted server keeps the handles it gave valid.
+    persistent_term:get({?MODULE, key}, undefined) =:= undefined
+        andalso persistent_term:put({?MODULE, key}, crypto:strong_rand_bytes(32)),
     {ok, #{}}.
 
 handle_call({watch, Owner, Session}, _From, Watched) ->
@@ -161,10 +165,40 @@ on_port(Session, Method, Args) ->
     on_port(Session, Method, Args, default_timeout()).
 
 %% The session travels as {Incarnation, Id}; the port checks both.
-on_port({kem_session, Port, Incarnation, Id}, Method, Args, Timeout) when is_atom(Port) ->
-    lost(kem_port:call(Port, Method, list_to_tuple([{Incarnation, Id} | Args]), Timeout));
+on_port({kem_session, Port, Incarnation, Sealed}, Method, Args, Timeout) when is_atom(Port) ->
+    case unsealed(Port, Incarnation, Sealed) of
+        {ok, Id} -> lost(kem_port:call(Port, Method, list_to_tuple([{Incarnation, Id} | Args]), Timeout));
+        error -> bad_session()
+    end;
 on_port(_, _, _, _) ->
     bad_session().
+
+%% The port numbers its sessions 1, 2, 3... under one incarnation, so a
+%% handle of bare ids let any process that opened a session of its own
+%% read and write the buffers of the sessions next to it (issue 24, red
+%% team 2). The handle's id is the port's id with a 64-bit tag, an HMAC of
+%% (port, incarnation, id) under a key drawn when kem_session first
+%% starts: a handle is only ever one this node handed out. (Code inside the
+%% node that calls kem_port itself is the operator's: this guards the API.)
+sealed(Port, Incarnation, Id) ->
+    (Id bsl 64) bor tag(Port, Incarnation, Id).
+
+unsealed(Port, Incarnation, Sealed) when is_integer(Sealed), Sealed > 0, is_integer(Incarnation) ->
+    Id = Sealed bsr 64,
+    case persistent_term:get({?MODULE, key}, undefined) =/= undefined
+         andalso Sealed band (1 bsl 64 - 1) =:= tag(Port, Incarnation, Id) of
+        true -> {ok, Id};
+        false -> error
+    end;
+unsealed(_, _, _) ->
+    error.
+
+tag(Port, Incarnation, Id) ->
+    <<Tag:64, _/binary>> = crypto:mac(hmac, sha256, key(), term_to_binary({Port, Incarnation, Id})),
+    Tag.
+
+key() ->
+    persistent_term:get({?MODULE, key}).
 
 %% The port behind the session is gone or going: so is the session.
 lost({error, {Why, _}}) when Why =:= port_exited; Why =:= port_unavailable; Why =:= port_restarted ->

@@ -10,6 +10,7 @@ red_team2_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 120, fun every_request_shape_gets_a_safe_reply/0},
       {timeout, 120, fun request_parsing_is_linear_in_the_body/0},
+      {timeout, 120, fun another_process_cannot_forge_a_session_handle/0},
       {timeout, 120, fun a_chain_of_an_innocent_kernel_cannot_quarantine_it/0}
       | findings()]}.
 
@@ -133,6 +134,40 @@ trim_term(T) -> iolist_to_binary(io_lib:format("~0P", [T, 5])).
 safe_header(V) when is_binary(V), byte_size(V) =< ?MAX_HEADER ->
     lists:all(fun(C) -> C >= 16#20 andalso C =< 16#7E end, binary_to_list(V));
 safe_header(_) -> false.
+
+%%% sessions
+
+%% A opens a session and keeps a secret in it; B opens its own, learns the
+%% port's incarnation and the id's shape from its handle, and tries the
+%% ids next to its own. The port counts its session ids 1, 2, 3, and the
+%% handle held them bare: B read A's buffer with the first guess. Now each
+%% guess is `bad_args' (not a session), the owner's handle still works.
+another_process_cannot_forge_a_session_handle() ->
+    Self = self(),
+    Secret = crypto:strong_rand_bytes(256),
+    Owner = spawn(fun() ->
+                          {ok, S} = kem:session_open(#{}),
+                          ok = kem:buffer_create(S, <<"secret">>, Secret),
+                          Self ! {opened, S},
+                          receive stop -> kem:session_close(S) end
+                  end),
+    receive {opened, _} -> ok after 10000 -> error(no_session) end,
+    {ok, Mine = {kem_session, Port, Incarnation, MyId}} = kem:session_open(#{}),
+    try
+        Near = [Id || Id <- lists:seq(1, 16)] ++ [N bsl 64 bor (MyId band (1 bsl 64 - 1)) || N <- lists:seq(1, 16)]
+               ++ [MyId + D || D <- [-2, -1, 1, 2]],
+        Guesses = [{kem_session, Port, Incarnation, Id} || Id <- Near, Id =/= MyId],
+        Answers = [kem:buffer_read(G, <<"secret">>) || G <- Guesses],
+        Stolen = [G || {G, {ok, _}} <- lists:zip(Guesses, Answers)],
+        io:format(user, "~nforged handles that read another process's buffer: ~p~n", [Stolen]),
+        ?assertEqual([], Stolen),
+        ?assertEqual([], [A || A <- Answers, element(1, element(2, A)) =/= bad_args]),
+        ok = kem:buffer_create(Mine, <<"mine">>, Secret),
+        ?assertEqual({ok, Secret}, kem:buffer_read(Mine, <<"mine">>))
+    after
+        Owner ! stop,
+        kem:session_close(Mine)
+    end.
 
 %%% quarantine fairness
 
