@@ -52,20 +52,28 @@ def compile_kernel(device: Any, request: dict) -> dict:
         module = device.create_shader_module(code=request["code"])
     except wgpu.GPUError as exc:
         return {"ok": False, "reason": "shader_error", "detail": str(exc)[:4000]}
+    from kem_port.admission.first_dispatch import bindings_of, dispatch_once
     from kem_port.gpu.contract import layout_entries
     from kem_port.gpu.wgsl_reflect import reflect
 
     try:
+        shape = reflect(request["code"])
         if request.get("layout") == "auto":
             # A session or chain kernel binds named buffers beyond kem's
             # three (gpu/session_contract.py): the shader's own layout.
-            layout = "auto"
+            layout, bindings = "auto", bindings_of(shape)
         else:  # the very layout the port builds (gpu/pipelines.py)
-            entries = layout_entries(reflect(request["code"]), bool(request["has_params"]))
+            entries = layout_entries(shape, bool(request["has_params"]))
             layout = device.create_pipeline_layout(bind_group_layouts=[device.create_bind_group_layout(entries=entries)])
-        device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": request["entry"]})
+            bindings = {0: [entry["binding"] for entry in entries]}
+        pipeline = device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": request["entry"]})
     except wgpu.GPUError as exc:
         return {"ok": False, "reason": "bad_kernel", "detail": str(exc)[:4000]}
+    if request.get("first_dispatch"):
+        try:
+            dispatch_once(device, pipeline, bindings)  # admission/first_dispatch.py: lavapipe compiles here
+        except wgpu.GPUError:
+            pass  # a binding larger than the probe's: admitted as before
     return {"ok": True}
 
 
@@ -86,10 +94,12 @@ def on_small_stack(fn, *args) -> Any:
 
 def serve(in_fd: int, out_fd: int) -> int:
     from kem_port.framing import FrameWriter, read_frame
+    from kem_port.admission.first_dispatch import compiles_at_dispatch
     from kem_port.admission.probe import open_device, workgroup_memory_leaks
 
     writer = FrameWriter(out_fd)
     adapter, device = open_device(os.environ.get("KEM_ADAPTER") or None)
+    at_dispatch = compiles_at_dispatch(adapter.info)
     hello = {"ready": True, "adapter": adapter.info.get("device", ""), "leaks_workgroup": workgroup_memory_leaks(device)}
     limit_resources(int(os.environ.get("KEM_COMPILE_MEMORY_MB", "1024")) << 20,
                     int(os.environ.get("KEM_COMPILE_CPU_S", "60")))
@@ -98,7 +108,9 @@ def serve(in_fd: int, out_fd: int) -> int:
         frame = read_frame(in_fd, 16 << 20)
         if frame is None:
             return 0
-        reply = on_small_stack(compile_kernel, device, json.loads(frame))
+        request = json.loads(frame)
+        request["first_dispatch"] = at_dispatch
+        reply = on_small_stack(compile_kernel, device, request)
         writer.write([json.dumps(reply).encode()])
 
 
