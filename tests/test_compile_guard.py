@@ -255,3 +255,29 @@ def test_nested_doubling_refused_through_the_port_while_bystanders_are_served(ke
         with pytest.raises(PortError) as again:
             port.call("execute_kernel", b"doubling17", bytes(256), 1)
         assert "refused before" in again.value.detail
+
+
+# Compatibility sweep (issue 25): the inlined-size bound counted a large
+# function with no calls at all (a generated kernel: a 4,200-case switch,
+# 170 KB, ~67,000 nodes, compiled in 1.4 s on lavapipe; a real game's
+# 72,532-node fragment shader) as an inlining blow-up and refused it. The
+# bound is on what inlining adds; the node and depth limits and the
+# compile deadline keep bounding a large kernel's own size.
+FLAT_CASES = 4200
+
+
+def flat_switch(cases: int) -> str:
+    arms = "\n".join(f"        case {k}u: {{ v = {(k * 2654435761) % 2**32}u; }}" for k in range(cases))
+    return kernel(f"var v = 0u;\n    switch (inp[g.x] % {cases}u) {{\n{arms}\n        default: {{ v = 1u; }}\n    }}\n    out[g.x] = v;")
+
+
+def test_a_large_kernel_without_calls_is_no_inlining_bomb(kernel_dir, rng):
+    source = flat_switch(FLAT_CASES)
+    check_structure(source)
+    (kernel_dir / "flat_switch.wgsl").write_text(source)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for n in (1, 333, 5000):
+            words = rng.integers(0, 2**32, n, dtype=np.uint32)
+            keys = (words % FLAT_CASES).astype(np.uint64)
+            want = ((keys * 2654435761) % 2**32).astype("<u4")
+            assert port.call("execute_kernel", b"flat_switch", words.tobytes(), 1) == want.tobytes()
