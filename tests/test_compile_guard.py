@@ -281,3 +281,39 @@ def test_a_large_kernel_without_calls_is_no_inlining_bomb(kernel_dir, rng):
             keys = (words % FLAT_CASES).astype(np.uint64)
             want = ((keys * 2654435761) % 2**32).astype("<u4")
             assert port.call("execute_kernel", b"flat_switch", words.tobytes(), 1) == want.tobytes()
+
+
+# may_loop (gpu/wgsl_calls.py) answered "may loop" for every kernel
+# tree-sitter's grammar cannot fully parse (module-scope `const`, a
+# `workgroupBarrier();` statement, `alias`, typed literals such as `1li`):
+# 827 of 2,489 valid compute entry points of the sweep's corpus had no loop
+# token at all yet were kept off the reader. Without a loop, call or no
+# call, nothing runs long (WGSL has no recursion and no goto).
+NO_LOOP_UNPARSED = HEAD + """const SCALE: u32 = 3u;
+alias Word = u32;
+var<workgroup> staged: array<Word, 64>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) i: u32) {
+    staged[i] = inp[min(g.x, arrayLength(&inp) - 1u)] * SCALE;
+    workgroupBarrier();
+    if (g.x < arrayLength(&out)) { out[g.x] = staged[i] + staged[63u - i]; }
+}
+"""
+
+
+def test_a_loop_free_kernel_tree_sitter_cannot_parse_may_not_loop(kernel_dir, rng):
+    from kem_port.gpu.wgsl_calls import may_loop
+    from kem_port.gpu.wgsl_canonical import canonical
+
+    text = canonical(NO_LOOP_UNPARSED)
+    assert may_loop(text, "no-loop-unparsed", "main") is False
+    looping = text.replace("workgroupBarrier();", "workgroupBarrier(); for (var k = 0u; k < 2u; k++) { }")
+    assert may_loop(looping, "loop-unparsed", "main") is True
+    assert may_loop(text, "no-loop-unparsed-missing-entry", "absent") is True
+    (kernel_dir / "no_loop.wgsl").write_text(NO_LOOP_UNPARSED)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for groups in (1, 3, 16):
+            words = rng.integers(0, 2**30, 64 * groups, dtype=np.uint32)
+            blocks = words.reshape(groups, 64) * np.uint32(3)
+            want = (blocks + blocks[:, ::-1]).astype("<u4").tobytes()
+            assert port.call("execute_kernel", b"no_loop", words.tobytes(), 1) == want
