@@ -219,13 +219,9 @@ class SessionMethods:
         nothing else waits (as gpu_loop.run_inline does for small calls:
         waking the GPU thread cost ~0.4 ms of a ~0.9 ms call on lavapipe)."""
 
+        @_tagged(req_id)
         def control(_executor: object) -> None:
             self._answering(req_id, lambda: self.router.reply_ok(req_id, self.service.run(work)))()
-
-        # Tagged with its ReqId, as a Job is: call_state then says queued or
-        # running for session work and chains too, so the node blames (and
-        # kills for) only work the GPU was inside (kem_timeout.erl).
-        control.tag = req_id  # type: ignore[attr-defined]
 
         # Session work keeps its order: none runs inline while earlier
         # session work is still queued (the GPU thread takes an item off
@@ -234,14 +230,13 @@ class SessionMethods:
             self.router.stats.inc("inline_session_calls")
             return
 
+        @_tagged(req_id)
         def queued(executor: object) -> None:
             try:
                 control(executor)
             finally:
                 with self._queued_lock:
                     self._queued -= 1
-
-        queued.tag = req_id  # type: ignore[attr-defined]
 
         with self._queued_lock:
             self._queued += 1
@@ -256,6 +251,18 @@ class SessionMethods:
         self.router.stats.error(exc.reason)
         detail = {terms.atom("step"): exc.step + 1, terms.atom("detail"): terms.Binary(exc.detail.encode("utf-8", "replace"))}
         self.router.writer.write([terms.encode((terms.atom("reply"), req_id, (terms.atom("error"), (terms.atom(exc.reason), detail))))])
+
+
+def _tagged(req_id: int) -> Callable[[Callable], Callable]:
+    """Tag a control action with its ReqId, as a Job is: call_state then
+    says queued or running for session work and chains too, so the node
+    blames (and kills for) only work the GPU was inside (kem_timeout.erl)."""
+
+    def tag(action: Callable) -> Callable:
+        action.tag = req_id  # type: ignore[attr-defined]
+        return action
+
+    return tag
 
 
 def _small_buffer_op(method: str, args: tuple) -> bool:
