@@ -249,7 +249,10 @@ def test_a_kernel_whose_first_dispatch_compiles_for_minutes_is_refused_in_the_wo
     """BEFORE: the compile worker passed it in ~1 s and the port's GPU
     thread spent minutes in its first dispatch; a bystander's double, sent
     after it, waited as long (no answer in 40 s)."""
-    (kernel_dir / "jit_bomb.wgsl").write_text(JIT_BOMB)
+    # A fresh constant each run: Mesa's on-disk shader cache keeps any JIT
+    # that ever finished, and would answer for it.
+    salt = int(rng.integers(1, 2**31))
+    (kernel_dir / "jit_bomb.wgsl").write_text(JIT_BOMB.replace("4095u];", f"4095u] + {salt}u;"))
     port = start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"))
     try:
         port.call("execute_kernel", b"double", bytes(8), 1)
