@@ -267,3 +267,47 @@ def test_a_kernel_whose_first_dispatch_compiles_for_minutes_is_refused_in_the_wo
     finally:
         port.proc.kill()
         port.proc.wait(10)
+
+
+# -- workgroup memory between the slots of one dispatch ------------------------
+
+# Mode 0 (a victim) puts its secret in workgroup memory; mode 1 (an
+# attacker, the same published kernel) reads it without writing. In the
+# slot form both are workgroups of ONE dispatch: with KEM_ZERO_WORKGROUP=off
+# on lavapipe the attackers read 10,240 of 10,240 secret words.
+WG_MODES = """
+@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+var<workgroup> shared_words: array<u32, 64>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lii: u32, @builtin(global_invocation_id) gid: vec3<u32>) {
+    if (input[0] == 0u) {
+        shared_words[lii] = input[1u + lii];
+        workgroupBarrier();
+        output[gid.x] = input[1u + lii] * 2u;
+    } else {
+        workgroupBarrier();
+        output[gid.x] = shared_words[lii];
+    }
+}
+"""
+
+
+def test_co_grouped_callers_never_see_each_others_workgroup_memory(kernel_dir, rng):
+    """Held (zeroing on, the default): one slot dispatch a group, victims
+    and attackers interleaved; attackers read zeros, victims numpy's."""
+    from kem_port import terms
+    (kernel_dir / "wg_modes.wgsl").write_text(WG_MODES)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        port.call("execute_kernel", b"wg_modes", bytes(65 * 4), 1)
+        before = {terms.atom_name(k): v for k, v in port.call("stats").items()}.get("slot_dispatches", 0)
+        for _ in range(4):
+            secrets = [rng.integers(1 << 31, 1 << 32, 64, dtype=np.uint64).astype("<u4") for _ in range(16)]
+            inputs = []
+            for secret in secrets:
+                inputs += [np.concatenate([[0], secret]).astype("<u4").tobytes(), np.array([1] + [0] * 64, "<u4").tobytes()]
+            replies = [f.result(60) for f in port.call_group_async(b"wg_modes", inputs)]
+            for k, secret in enumerate(secrets):
+                assert replies[2 * k] == (secret * np.uint32(2)).tobytes()
+                assert replies[2 * k + 1] == bytes(256)
+        assert {terms.atom_name(k): v for k, v in port.call("stats").items()}["slot_dispatches"] == before + 4
