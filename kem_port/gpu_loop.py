@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from kem_port.batching import BatchSizer
 from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight
+from kem_port.gpu.blame import OnGpu, loop_key
 from kem_port.gpu.calls import Job
 from kem_port.gpu.executor import Executor
 
@@ -54,8 +55,10 @@ class GpuLoop:
         self.sizer = BatchSizer(max_batch)
         self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
         # What the GPU thread is inside now, for state_of (a timed-out
-        # caller's port is killed only when its own call is running).
-        self._running: list[Job] = []
+        # caller's port is killed only when its own call is running):
+        # replaced whole, never changed in place, so the reader reads it
+        # without a lock.
+        self._on_gpu = OnGpu()
         self._control_tag: object = None
         # The tag of the call the reader runs inline now (run_inline, or the
         # folded road, lone_fold.py), set without a lock: one store each way.
@@ -83,8 +86,11 @@ class GpuLoop:
         ("queued", calls ahead of it), or None when it is in neither."""
         if tag is None:
             return None
-        if tag == self.inline_tag or tag == self._control_tag or any(job.has_tag(tag) for job in list(self._running)):
+        if tag == self.inline_tag or tag == self._control_tag:
             return "running", 0
+        where = self._on_gpu.where(tag)
+        if where is not None:
+            return where
         with self.queue.mutex:
             waiting = list(self.queue.queue)
         ahead = 0
@@ -153,16 +159,16 @@ class GpuLoop:
             batch, control = self._batch_from(item)
             batch = self._unexpired(batch)
             landing = flight
-            self._running = batch + (flight.jobs if flight is not None else [])
+            self._on_gpu = OnGpu(flight.jobs if flight is not None else [], batch)
             flight = self._step(flight, batch)
-            self._running = flight.jobs if flight is not None else []
+            self._on_gpu = OnGpu(flight.jobs if flight is not None else [])
             if landing is not None:
                 self._learn(landing)
             if control is not None:
                 # A control action (test hooks) runs with nothing in flight.
                 self._land(flight)
                 flight = None
-                self._running = []
+                self._on_gpu = OnGpu()
                 self._run_control(control)
             item = self._next_nowait()
 
@@ -264,8 +270,16 @@ def _take_batch(q: queue.Queue, first: Job, cap: int, byte_limit: int) -> tuple[
     total = first.batch_bytes
     calls = first.calls
     control: Control | None = None
+    # A kernel that may loop shares a batch only with its own calls, so a
+    # stuck batch names its kernel (gpu/blame.py); the rest waits for the
+    # next batch. The first sight of a kernel parses it here (~1 ms for a
+    # few-KB kernel), later ones are one dict lookup.
+    sharing = loop_key(first)
     with q.mutex:
         while calls < cap and total < byte_limit and q._qsize():
+            item = q.queue[0]
+            if isinstance(item, Job) and loop_key(item) != sharing:
+                break
             item = q._get()
             if not isinstance(item, Job):
                 control = item
