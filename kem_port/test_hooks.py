@@ -20,10 +20,12 @@ class Router(Protocol):
 
     config: Config
     loop: GpuLoop
+    intake: Any  # intake.Intake: its guard (admission/guard.py)
 
     def reply_ok(self, req_id: Any, result: Any) -> None: ...
 
-USAGE = "test_hook {stdout_noise | destroy_device | sleep_gpu, Ms | sleep_reader, Ms}"
+USAGE = "test_hook {stdout_noise | destroy_device | sleep_gpu, Ms | sleep_reader, Ms | fail_next_compile, crash | stall | break}"
+COMPILE_FAULTS = ("crash", "stall", "break")  # what the compile worker does to its next kernel (admission/worker.py)
 
 
 def handle(router: Router, req_id: int, args: tuple) -> None:
@@ -41,6 +43,11 @@ def handle(router: Router, req_id: int, args: tuple) -> None:
         control(router, req_id, lambda ex, ms=args[1]: time.sleep(ms / 1000))
     elif what == "sleep_reader" and len(args) == 2 and type(args[1]) is int:
         time.sleep(args[1] / 1000)  # a reader stuck in an inline call
+        router.reply_ok(req_id, terms.atom("ok"))
+    elif what == "fail_next_compile" and len(args) == 2 and terms.atom_name(args[1]) in COMPILE_FAULTS:
+        # The next new kernel's first compile fails as a loaded node or a
+        # worn worker may fail it (tests/test_compile_guard.py).
+        router.intake.guard.fail_next_compile(terms.atom_name(args[1]))
         router.reply_ok(req_id, terms.atom("ok"))
     else:
         raise RequestError(req_id, KemError("bad_args", USAGE))

@@ -317,3 +317,43 @@ def test_a_loop_free_kernel_tree_sitter_cannot_parse_may_not_loop(kernel_dir, rn
             blocks = words.reshape(groups, 64) * np.uint32(3)
             want = (blocks + blocks[:, ::-1]).astype("<u4").tobytes()
             assert port.call("execute_kernel", b"no_loop", words.tobytes(), 1) == want
+
+
+# -- a refusal is remembered only when confirmed (issue 24 follow-up) --------
+#
+# A worker that died, ran past its deadline or broke while compiling a kernel
+# wrote the kernel's sha256 to the refusal store for good. Under load (a
+# stranger flooding a 2-core node) a valid kernel's compile, or the health
+# probe after it, could miss a wall deadline: that kernel was then refused on
+# the node forever ("exhausted the compile worker's resource limits" was seen
+# for a normal kernel). The test hook fails the first compile of the next new
+# kernel as load or a worn worker would.
+SEVEN = kernel("out[g.x] = inp[g.x] * 7u + 1u;")
+
+
+@pytest.mark.parametrize("fault", ["crash", "stall", "break"])
+def test_a_valid_kernel_whose_first_compile_fails_is_compiled_again_not_refused(kernel_dir, rng, fault):
+    (kernel_dir / "seven.wgsl").write_text(SEVEN)
+    (kernel_dir / "bomb.wgsl").write_text(ATTACKS["private_array_const"])
+    rejected = kernel_dir / "cache" / "rejected"
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"),
+                    KEM_COMPILE_TIMEOUT_MS="1000", KEM_COMPILE_MEMORY_MB="512") as port:
+        pid = port.proc.pid
+        assert port.call("test_hook", terms.atom("fail_next_compile"), terms.atom(fault)) == terms.atom("ok")
+        for n in (1, 333, 4099):
+            words = rng.integers(0, 2**32, n, dtype=np.uint32)
+            assert port.call("execute_kernel", b"seven", words.tobytes(), 1) == (words * np.uint32(7) + np.uint32(1)).tobytes()
+        assert not (rejected / source("seven", SEVEN).sha256).exists()
+        assert port.call("stats")[terms.atom("compiles_retried")] == 1
+        # A real bomb fails twice, and only then is refused and remembered.
+        with pytest.raises(PortError) as err:
+            port.call("execute_kernel", b"bomb", bytes(256), 1)
+        assert err.value.reason == "kernel_rejected", err.value
+        assert (rejected / source("bomb", ATTACKS["private_array_const"]).sha256).exists()
+        assert port.call("stats")[terms.atom("compiles_retried")] == 2
+        words = rng.integers(0, 2**32, 77, dtype=np.uint32)
+        assert port.call("execute_kernel", b"double", words.tobytes(), 1) == (words * np.uint32(2)).tobytes()
+        assert port.proc.pid == pid and port.proc.poll() is None
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        words = rng.integers(0, 2**32, 500, dtype=np.uint32)  # a restarted port: still admitted, still right
+        assert port.call("execute_kernel", b"seven", words.tobytes(), 1) == (words * np.uint32(7) + np.uint32(1)).tobytes()

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kem_port.errors import KemError
@@ -48,6 +48,18 @@ log = logging.getLogger("kem_port.admission.guard")
 FAILED_CACHE = 1024  # compile errors remembered in memory (cheap to redo)
 HEALTH_KERNEL = PACKAGED_KERNELS / "double.wgsl"  # compiled to check the worker after a failure
 SESSION = "session"  # the third part of the key of a kernel admitted for sessions and chains
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One compile in the worker: admitted (all None), the caller's compile
+    error, or failed: why the worker died, ran out of time or broke."""
+
+    error: KemError | None = None
+    failed: str | None = None
+    conclusive: bool = False  # failed by spending its CPU budget: no second try
+
+
 class CompileGuard:
     def __init__(self, settings: GuardSettings, rejects: RejectStore, stats=None) -> None:
         self.settings = settings
@@ -60,6 +72,7 @@ class CompileGuard:
         self._spawning: threading.Thread | None = None
         self._spawn_error: Exception | None = None
         self._lock = threading.Lock()  # one compile at a time: one worker
+        self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
 
     # -- the hot path -----------------------------------------------------
 
@@ -123,33 +136,63 @@ class CompileGuard:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
         else:
             request = {"code": text, "entry": entry, "has_params": shape}
-        started = time.perf_counter()
-        try:
-            reply = worker.compile(request)
-        except WorkerDied as died:
-            self._worker = None
-            self._respawn()
-            self._remember_rejection(source, died.why)
-            raise KemError("kernel_rejected", f"kernel {source.kernel_id} {died.why}") from None
-        finally:
-            self._time("guard_compile", time.perf_counter() - started)
-        if not reply.get("ok"):
-            error = KemError(str(reply.get("reason", "bad_kernel")), str(reply.get("detail", "")))
-            if not self._still_compiles(worker):
-                # On the H100 a kernel that exhausts the worker's memory limit
-                # fails as a validation error and leaves the worker unable to
-                # compile anything after it: a kernel that breaks the worker
-                # is refused like one that kills it, and the worker replaced.
-                self._remember_rejection(source, "exhausted the compile worker's resource limits")
-                raise KemError("kernel_rejected", f"kernel {source.kernel_id} exhausted the compile worker's resource limits")
-            self._failed[key] = error
+        if self._fault is not None:
+            request, self._fault = {**request, "test_fail": self._fault}, None
+        outcome = self._attempt(worker, request)
+        if outcome.failed is not None and not outcome.conclusive:
+            outcome = self._confirm(source, {k: v for k, v in request.items() if k != "test_fail"}, outcome)
+        if outcome.failed is not None:
+            self._remember_rejection(source, outcome.failed)
+            raise KemError("kernel_rejected", f"kernel {source.kernel_id} {outcome.failed}")
+        if outcome.error is not None:
+            self._failed[key] = outcome.error
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
-            raise error
+            raise outcome.error
         admitted = replace(source, text=text)
         self._admitted[key] = admitted
         self._count("kernels_admitted")
         return admitted
+
+    def _attempt(self, worker: CompileWorker, request: dict) -> Outcome:
+        """One compile of request in worker, read as an Outcome; a worker
+        that died, timed out or broke is retired and a new one started."""
+        started = time.perf_counter()
+        try:
+            reply = worker.compile(request)
+        except WorkerDied as died:
+            self._retire(worker)
+            return Outcome(failed=died.why, conclusive=died.cpu_exhausted)
+        finally:
+            self._time("guard_compile", time.perf_counter() - started)
+        if reply.get("ok"):
+            return Outcome()
+        if not self._still_compiles(worker):
+            # On the H100 a kernel that exhausts the worker's memory limit
+            # fails as a validation error and leaves the worker unable to
+            # compile anything after it: a kernel that breaks the worker is
+            # refused like one that kills it, and the worker replaced.
+            return Outcome(failed="exhausted the compile worker's resource limits")
+        return Outcome(error=KemError(str(reply.get("reason", "bad_kernel")), str(reply.get("detail", ""))))
+
+    def _confirm(self, source: KernelSource, request: dict, first: Outcome) -> Outcome:
+        """A refusal is for good, so a failure that load or a worn worker
+        could cause (a wall deadline missed, a crash or a broken worker in a
+        worker that compiled others before) is confirmed first: the kernel is
+        compiled again, alone, in a fresh worker, and only a second failure
+        refuses it. A kernel that spent its CPU budget needs no second try
+        (conclusive): CPU time is what a bomb burns and what load cannot
+        steal, and a second try would double the CPU a stranger's salted
+        bombs cost the node."""
+        log.warning("kernel %s %s; compiling it again in a fresh worker before refusing it", source.kernel_id, first.failed)
+        self._count("compiles_retried")
+        try:
+            worker = self._ready_worker()
+        except KemError:
+            # Neither a refusal nor an admission: nothing is remembered.
+            raise KemError("overloaded", f"kernel {source.kernel_id} could not be checked now (the compile worker "
+                           f"{first.failed} and no fresh worker started); it is not refused: try again later") from None
+        return self._attempt(worker, request)
 
     def _still_compiles(self, worker: CompileWorker) -> bool:
         """After a failed compile: does the worker still compile a known-good
@@ -159,15 +202,23 @@ class CompileGuard:
         except WorkerDied:
             healthy = False
         if not healthy:
-            worker.close()
-            self._worker = None
-            self._respawn()
+            self._retire(worker)
         return healthy
+
+    def _retire(self, worker: CompileWorker) -> None:
+        worker.kill()
+        self._worker = None
+        self._respawn()
 
     def _remember_rejection(self, source: KernelSource, why: str) -> None:
         log.warning("kernel %s (sha256 %s) refused: %s", source.kernel_id, source.sha256, why)
         self._count("kernels_rejected")
         self.rejects.remember(source.sha256, why)
+
+    def fail_next_compile(self, fault: str) -> None:
+        """KEM_TEST_HOOKS=1 only (test_hooks.py): the next new kernel's first
+        compile fails in the worker ("crash", "stall" or "break")."""
+        self._fault = fault
 
     # -- the worker's life ------------------------------------------------
 

@@ -15,15 +15,22 @@ Limits (admission/guard.py reads the way the worker died):
 * memory: RLIMIT_DATA at what the open device uses plus the budget.
   RLIMIT_AS does not fit: the driver alone maps 1.2 GB of address space on
   lavapipe (VmSize after open, VmData ~0.2 GB), far more on NVIDIA;
-* CPU time: RLIMIT_CPU, besides the guard's wall-clock deadline.
+* CPU time: RLIMIT_CPU's soft limit, reset before each compile to the CPU
+  time used so far plus KEM_COMPILE_CPU_S, so each compile has the same
+  budget however long the worker lived (a lifetime limit would one day kill
+  a valid kernel's compile). CPU time, not wall time, decides: load steals
+  wall time from a compile but cannot make it burn CPU. SIGXCPU kills.
 """
 
 from kem_port.stdio_guard import claim_protocol_fds
 
 import json
+import math
 import os
 import resource
+import signal
 import sys
+import time
 import threading
 from typing import Any
 
@@ -38,11 +45,20 @@ def _vm_data_bytes() -> int:
     return 0
 
 
-def limit_resources(memory_bytes: int, cpu_seconds: int) -> None:
+def limit_resources(memory_bytes: int) -> None:
     data = _vm_data_bytes() + memory_bytes
     resource.setrlimit(resource.RLIMIT_DATA, (data, data))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def budget_cpu(seconds: int) -> None:
+    """The next compile may burn `seconds` of CPU (all of this process's
+    threads: llvmpipe's JIT and dispatch included), whatever came before.
+    Only the soft limit moves: a process may not raise its hard limit."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime) + seconds
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
 def compile_kernel(device: Any, request: dict) -> dict:
@@ -101,17 +117,35 @@ def serve(in_fd: int, out_fd: int) -> int:
     adapter, device = open_device(os.environ.get("KEM_ADAPTER") or None)
     at_dispatch = compiles_at_dispatch(adapter.info)
     hello = {"ready": True, "adapter": adapter.info.get("device", ""), "leaks_workgroup": workgroup_memory_leaks(device)}
-    limit_resources(int(os.environ.get("KEM_COMPILE_MEMORY_MB", "1024")) << 20,
-                    int(os.environ.get("KEM_COMPILE_CPU_S", "60")))
+    limit_resources(int(os.environ.get("KEM_COMPILE_MEMORY_MB", "1024")) << 20)
+    cpu_s = int(os.environ.get("KEM_COMPILE_CPU_S", "20"))
     writer.write([json.dumps(hello).encode()])
+    broken = False
     while True:
         frame = read_frame(in_fd, 16 << 20)
         if frame is None:
             return 0
         request = json.loads(frame)
         request["first_dispatch"] = at_dispatch
-        reply = on_small_stack(compile_kernel, device, request)
+        if request.get("test_fail") and os.environ.get("KEM_TEST_HOOKS") == "1":
+            broken = fail_for_test(str(request["test_fail"]))
+        if broken:
+            reply = {"ok": False, "reason": "bad_kernel", "detail": "the worker was broken by a test hook"}
+        else:
+            budget_cpu(cpu_s)
+            reply = on_small_stack(compile_kernel, device, request)
         writer.write([json.dumps(reply).encode()])
+
+
+def fail_for_test(fault: str) -> bool:
+    """KEM_TEST_HOOKS=1 only: fail this compile as a loaded node or a worn
+    worker may (test_hooks.py's fail_next_compile). True: "break", every
+    compile of this worker fails from now on (the guard's health probe too)."""
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault == "stall":
+        time.sleep(3600)  # past any deadline: the guard kills this worker
+    return fault == "break"
 
 
 def main() -> int:

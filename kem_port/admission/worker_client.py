@@ -3,9 +3,13 @@ kernel, read how it answered -- or how it died.
 
 A worker that dies mid-compile is read by its exit: SIGSEGV (stack or
 memory exhausted inside the compiler), SIGABRT (an allocation refused under
-RLIMIT_DATA), SIGXCPU/SIGKILL (CPU limit); one that does not answer within
-the deadline is killed. Either way the caller gets WorkerDied with a reason
-fit for a client (no paths), and the guard starts a new worker.
+RLIMIT_DATA), SIGXCPU (the compile spent its CPU budget). The deadline that
+decides is CPU time, measured by the worker's kernel (RLIMIT_CPU, reset for
+each compile to what it used plus the budget): a compile bomb burns CPU,
+while load only steals wall time. A wall deadline of WALL_BACKSTOP times the
+budget remains for a worker that hangs without burning CPU; past it the
+worker is killed. Either way the caller gets WorkerDied with a reason fit
+for a client (no paths), and the guard starts a new worker.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import math
 from dataclasses import dataclass
 
 from kem_port.framing import HEADER, read_frame
@@ -24,21 +29,30 @@ from kem_port.framing import HEADER, read_frame
 _SIGNALS = {signal.SIGSEGV: "crashed the shader compiler (out of stack or memory)", signal.SIGBUS: "crashed the shader compiler",
             signal.SIGABRT: "exhausted the compile memory budget", signal.SIGKILL: "exceeded the compile limits",
             signal.SIGXCPU: "exceeded the compile CPU time budget"}
+# On the 2-core test machine under the suite's load a compile took up to
+# ~2.5x its CPU time in wall time (measured in tests/test_compile_guard.py);
+# 3x keeps load from passing for a hang, and a hang still ends.
+WALL_BACKSTOP = 3.0
 
 
 @dataclass(frozen=True)
 class GuardSettings:
-    timeout_s: float = 20.0
+    timeout_s: float = 20.0  # a compile's CPU budget; WALL_BACKSTOP times it in wall time
     memory_mb: int = 1024
-    cpu_s: int = 60
     zero_workgroup: str = "on"  # "on"; "auto": where the probe finds a leak; "off"
     adapter: str | None = None
 
 
+    @property
+    def cpu_s(self) -> int:
+        return max(1, math.ceil(self.timeout_s))  # RLIMIT_CPU counts whole seconds
+
+
 class WorkerDied(Exception):
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, cpu_exhausted: bool = False) -> None:
         super().__init__(why)
         self.why = why
+        self.cpu_exhausted = cpu_exhausted  # killed by its CPU budget, which load does not spend
 
 
 class CompileWorker:
@@ -63,8 +77,8 @@ class CompileWorker:
         try:
             self.proc.stdin.write(HEADER.pack(len(body)) + body)
         except (BrokenPipeError, OSError):
-            raise WorkerDied(self._death()) from None
-        return self._read(self.settings.timeout_s)
+            raise self._death() from None
+        return self._read(self.settings.timeout_s * WALL_BACKSTOP)
 
     def _read(self, timeout_s: float) -> dict:
         fd = self.proc.stdout.fileno()
@@ -74,18 +88,18 @@ class CompileWorker:
             raise WorkerDied(f"took longer than {timeout_s:.0f} s to compile")
         frame = read_frame(fd, 1 << 20)
         if frame is None:
-            raise WorkerDied(self._death())
+            raise self._death()
         return json.loads(frame)
 
-    def _death(self) -> str:
+    def _death(self) -> WorkerDied:
         try:
             code = self.proc.wait(5)
         except subprocess.TimeoutExpired:
             self.kill()
-            return "stopped answering"
+            return WorkerDied("stopped answering")
         if code < 0:
-            return _SIGNALS.get(-code, f"killed the compiler (signal {-code})")
-        return f"made the compiler exit ({code})"
+            return WorkerDied(_SIGNALS.get(-code, f"killed the compiler (signal {-code})"), cpu_exhausted=-code == signal.SIGXCPU)
+        return WorkerDied(f"made the compiler exit ({code})")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
