@@ -312,3 +312,30 @@ def test_co_grouped_callers_never_see_each_others_workgroup_memory(kernel_dir, r
                 assert replies[2 * k] == (np.append(secret, secret[0]) * np.uint32(2)).tobytes()
                 assert replies[2 * k + 1] == bytes(260)
         assert {terms.atom_name(k): v for k, v in port.call("stats").items()}["slot_dispatches"] == before + 4
+
+
+# -- a single call's explicit workgroups ---------------------------------------
+
+
+def test_a_calls_explicit_workgroups_are_bounded_as_a_chain_steps_are(rng):
+    """BEFORE: `execute` (kem:execute's workgroups option, any requester's
+    field per docs/security.md) of kem's own double with 16 input bytes and
+    workgroups {65535, 65535, 64} -- 2.7e11 invocations -- held the port's
+    GPU thread past 30 s, until the caller's timeout restarted the port and
+    blamed double; only each dimension was checked (<= 65,535)."""
+    port = start_port()
+    try:
+        for groups in ((65535, 65535, 64), (65535, 65535, 1), (65535, 1024, 1)):
+            started = time.perf_counter()
+            with pytest.raises(Exception) as err:
+                port.call("execute", b"double", bytes(16), {"workgroups": groups}, timeout=10)
+            assert getattr(err.value, "reason", None) == "bad_args" and "workgroups" in err.value.detail, err.value
+            assert time.perf_counter() - started < 2.0
+        for n in (64, 1000, 4096):
+            words = rng.integers(0, 2**31, n, dtype=np.uint32)
+            want = (words * np.uint32(2)).tobytes()
+            assert port.call("execute", b"double", words.tobytes(), {"workgroups": (-(-n // 64), 1, 1)}) == want
+            assert port.call("execute", b"double", words.tobytes(), {"workgroups": (65535, 1, 1)}) == want  # within the bound
+    finally:
+        port.proc.kill()
+        port.proc.wait(10)

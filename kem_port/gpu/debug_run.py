@@ -17,6 +17,7 @@ import wgpu
 
 from kem_port.gpu import contract
 from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
+from kem_port.gpu.chain_budget import ChainBudget
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.executor import Executor
 
@@ -46,6 +47,8 @@ def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     contract.check_sizes(call, gpu.binding_limit, gpu.uniform_limit)
     pipeline = executor.pipelines.get(device, job.source, call)
     groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits)
+    if call.workgroups is not None:  # bounded as a chain step's (plan.prepare)
+        ChainBudget(gpu.config.max_output_bytes).add_dispatch(pipeline.entry, groups)
     usage = wgpu.BufferUsage
     in_size, out_size = contract.input_binding_size(call), max(contract.output_binding_size(call), 4)
     inputs = device.create_buffer_with_data(data=_padded(_input_bytes(call.input), in_size), usage=usage.STORAGE)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kem_port.gpu import call_table, contract, group_table
 from kem_port.gpu.calls import FILE_INPUTS, Job
+from kem_port.gpu.chain_budget import ChainBudget
 from kem_port.gpu.input_upload import pack_slots, upload_file, write_padded, write_slots
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -53,6 +54,11 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     if pipeline.tabled:  # checked per call: the pipeline cache does not key on workgroups
         contract.check_table_call(pipeline.entry, call)
     groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, device.dispatch_limits)
+    if call.workgroups is not None:
+        # A caller's own workgroups are bounded as a chain step's are (red
+        # team: {65535, 65535, 64} on a 16-byte call held the GPU thread
+        # until the caller's timeout; each dimension alone was checked).
+        ChainBudget(device.config.max_output_bytes).add_dispatch(pipeline.entry, groups)
     return Prepared(
         job, pipeline, groups,
         contract.input_binding_size(call), contract.output_binding_size(call), contract.params_binding_size(call),
