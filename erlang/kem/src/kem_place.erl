@@ -14,13 +14,19 @@
 %%% kernel (ping, adapter_info) go round robin over every port.
 %%%
 %%% Load is one `atomics' slot per port, bumped by the calling process
-%%% around each call (`pick/1', `done/3'); per-group counters are ETS. The
-%%% table is created in kem_sup's init, so it lives as long as the ports.
+%%% around each call (`pick/1', `done/3'); per-group counters (calls,
+%%% latency, errors) are a `counters' array with write_concurrency: each
+%%% scheduler bumps its own copy, where an ETS row per group made every
+%%% caller of a group update the same row (docs/benchmarks.md, "BEAM CPU
+%%% per call (issue 28)"). Both are made by `setup/2' in kem_sup's init.
 -module(kem_place).
 -export([setup/2, pick/1, done/3, pending/0, groups/0, group_envs/0, group_of/1]).
 
 -define(KEY, {kem, place}).
--define(TABLE, kem_place).
+%% A group's slots in the `stats' counters: calls, latency_us, errors.
+-define(CALLS(G), (3 * (G) - 2)).
+-define(LATENCY_US(G), (3 * (G) - 1)).
+-define(ERRORS(G), (3 * (G))).
 %% Calls in flight on a port before its group counts as overloaded. Not
 %% measured: a port drains a queue of small calls in one batch
 %% (docs/executor.md), so a few in flight are normal; past 16 a cold
@@ -39,14 +45,13 @@ setup(Groups, PortsSetting) ->
     Names = [port_name(I) || I <- lists:seq(1, length(Ports))],
     Table = [{G, [I || {I, {G1, _}} <- lists:zip(lists:seq(1, length(Ports)), Ports), G1 =:= G], Group}
              || {G, Group} <- Specs],
-    _ = ets:info(?TABLE) =:= undefined andalso ets:new(?TABLE, [named_table, public, set,
-                                                               {write_concurrency, true}]),
     Load = atomics:new(max(1, length(Ports)), [{signed, true}]),
+    Stats = counters:new(max(1, 3 * length(Groups)), [write_concurrency]),
     RR = atomics:new(1, [{signed, false}]),
     persistent_term:put(?KEY, #{groups => list_to_tuple([{list_to_tuple(Is), weight(Group)} || {_, Is, Group} <- Table]),
                                 described => [{G, Is, Group} || {G, Is, Group} <- Table],
                                 group_of => list_to_tuple([G || {G, _} <- Ports]),
-                                names => list_to_tuple(Names), load => Load, rr => RR}),
+                                names => list_to_tuple(Names), load => Load, rr => RR, stats => Stats}),
     %% kem's own key, read by kem_metrics and kem_cluster: every port name.
     persistent_term:put({kem, ports}, {list_to_tuple(Names), RR}),
     [{Name, kem_adapters:port_env(Group)} || {Name, {_, Group}} <- lists:zip(Names, Ports)].
@@ -70,14 +75,14 @@ pick(Key) ->
 -spec done(pos_integer(), {ok, term()} | {error, term()}, non_neg_integer()) -> ok.
 done(I, Reply, Us) ->
     case persistent_term:get(?KEY, undefined) of
-        #{load := Load, group_of := GroupOf} ->
+        #{load := Load, group_of := GroupOf, stats := Stats} ->
             atomics:sub(Load, I, 1),
             G = element(I, GroupOf),
-            bump({G, calls}, 1),
-            bump({G, latency_us}, Us),
+            counters:add(Stats, ?CALLS(G), 1),
+            counters:add(Stats, ?LATENCY_US(G), Us),
             case Reply of
                 {ok, _} -> ok;
-                _ -> bump({G, errors}, 1)
+                _ -> counters:add(Stats, ?ERRORS(G), 1)
             end;
         undefined ->
             %% The app stopped while the call ran.
@@ -97,14 +102,14 @@ pending() ->
 groups() ->
     case persistent_term:get(?KEY, undefined) of
         undefined -> [];
-        #{described := Described, names := Names, load := Load} ->
+        #{described := Described, names := Names, load := Load, stats := Stats} ->
             [Group#{group => G,
                     ports => [element(I, Names) || I <- Is],
                     live => length([I || I <- Is, whereis(element(I, Names)) =/= undefined]),
                     state => state(Is, Names),
                     pending => lists:sum([atomics:get(Load, I) || I <- Is]),
-                    calls => counter({G, calls}), errors => counter({G, errors}),
-                    latency_us => counter({G, latency_us})}
+                    calls => counters:get(Stats, ?CALLS(G)), errors => counters:get(Stats, ?ERRORS(G)),
+                    latency_us => counters:get(Stats, ?LATENCY_US(G))}
              || {G, Is, Group} <- Described]
     end.
 
@@ -174,11 +179,3 @@ weight(#{weight := W}) -> W.
 
 port_name(I) ->
     list_to_atom("kem_port_" ++ integer_to_list(I)).
-
-counter(Key) ->
-    try ets:lookup_element(?TABLE, Key, 2) catch error:badarg -> 0 end.
-
-bump(Key, By) ->
-    try ets:update_counter(?TABLE, Key, By, {Key, 0}), ok
-    catch error:badarg -> ok
-    end.

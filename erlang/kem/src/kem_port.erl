@@ -168,20 +168,17 @@ restarting(Index, Flag) ->
 
 new_state(Name, Index, Port, OsPid, Next) ->
     #{name => Name, index => Index, port => Port, next => Next, pending => #{}, probes => #{}, os_pid => OsPid,
-      out => [], out_bytes => 0,
+      out => [], out_bytes => 0, timer => none,
       seen => maps:from_list([{S, true} || S <- kem_spare:shapes()]), warm_limit => kem_warm:limit()}.
 
 handle_call({call, Method, Args, Timeout}, From, State)
         when is_atom(Method), is_tuple(Args), ?IS_TIMEOUT(Timeout) ->
     #{next := Id, pending := Pending} = State,
     Held = kem_group:held(Id, Method, Args, Timeout),
-    TRef = case Timeout of
-        infinity -> undefined;
-        _ -> erlang:send_after(Timeout, self(), {call_timeout, Id})
-    end,
+    Deadline = kem_port_deadline:of_timeout(Timeout),
     Shape = kem_warm:shape(Method, Args),
-    Queued = State#{next := Id + 1, pending := Pending#{Id => {From, TRef, Method, Shape}}},
-    settle(kem_port_hold:queue(Held, Queued));
+    Queued = State#{next := Id + 1, pending := Pending#{Id => {From, Deadline, Method, Shape}}},
+    settle(kem_port_hold:queue(Held, kem_port_deadline:arm(Deadline, Queued)));
 handle_call(os_pid, _From, State = #{os_pid := OsPid}) ->
     {reply, OsPid, State};
 handle_call(_Bad, _From, State) ->
@@ -234,11 +231,8 @@ info({Port, {data, Frame}}, State = #{port := Port}) ->
         Reply ->
             {noreply, handle_reply(Reply, State)}
     end;
-info({call_timeout, Id}, State = #{pending := Pending}) ->
-    case maps:find(Id, Pending) of
-        {ok, _} -> kem_timeout:call_timed_out(Id, State);
-        error -> {noreply, State}
-    end;
+info({timeout, TRef, call_deadline}, State = #{timer := {_At, TRef}}) ->
+    kem_port_deadline:passed(State#{timer := none});
 info({probe_timeout, ProbeId}, State) ->
     kem_timeout:probe_unanswered(ProbeId, State);
 info({Port, eof}, State = #{port := Port}) ->
@@ -329,8 +323,7 @@ split_replies(_Index, _Blob, _Offset, _Acc) ->
 
 handle_reply({reply, Id, Result}, State = #{pending := Pending}) ->
     case maps:take(Id, Pending) of
-        {{From, TRef, _Method, Shape}, Rest} ->
-            cancel(TRef),
+        {{From, _Deadline, _Method, Shape}, Rest} ->
             gen_server:reply(From, Result),
             note_shape(Result, Shape, State#{pending := Rest});
         error ->
@@ -359,9 +352,6 @@ maybe_kill(State, Id) ->
         false ->
             {noreply, State}
     end.
-
-cancel(undefined) -> ok;
-cancel(TRef) -> erlang:cancel_timer(TRef, [{async, true}, {info, false}]).
 
 close(#{port := undefined}, _Reason) ->
     ok;

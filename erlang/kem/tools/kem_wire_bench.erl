@@ -5,7 +5,7 @@
 %%% kem and the echo port (tools/echo_port.py: same framing, no GPU) in the
 %%% same run. `scripts/bench wire'.
 -module(kem_wire_bench).
--export([run/1, profile/1]).
+-export([run/1, profile/1, costs/0]).
 
 -define(SMALL, <<1, 3, 5, 7>>).
 
@@ -58,6 +58,40 @@ profiled(Name, Call, Owners, Seconds) ->
     ok = io:format("  by module: ~s~n", [[io_lib:format("~p:~p ~.2f  ", [S, M, PerCall(V)]) || {{S, M}, V} <- top(ByModule, 30)]]),
     [io:format("    ~p ~p:~p/~p ~.2f~n", [S, M, F, A, PerCall(V)]) || {{S, {M, F, A}}, V} <- top(ByFun, 45)],
     ok.
+
+%% @doc What each step of a kem call costs alone, untraced, in one process
+%% (ns per call, best of 3 runs of 200,000): the parts eprof names, without
+%% eprof's overhead and without contention between schedulers.
+-spec costs() -> [{atom(), float()}].
+costs() ->
+    logger:set_primary_config(level, error),
+    {ok, _} = application:ensure_all_started(kem),
+    Args = {<<"double">>, ?SMALL, 1},
+    Self = self(),
+    Steps = [{monotonic_time, fun() -> erlang:monotonic_time(microsecond) end},
+             {app_get_env, fun() -> application:get_env(kem, shm_threshold, 1 bsl 20) end},
+             {kem_args_call, fun() -> kem_args:call(execute_kernel, Args, 60000) end},
+             {cluster_local_gpus, fun() -> kem_cluster:local_gpus() end},
+             {quarantine_check, fun() -> kem_quarantine:check(<<"double">>) end},
+             {place_pick_done, fun() -> {ok, I, _} = kem_place:pick(<<"double">>), kem_place:done(I, {ok, <<>>}, 100) end},
+             {metrics_call_done, fun() -> kem_metrics:call_done(execute_kernel, {ok, <<>>}, 100, {4, 4}) end},
+             {send_after_cancel, fun() -> erlang:cancel_timer(erlang:send_after(60000, Self, x), [{async, true}, {info, false}]) end},
+             {monitor_demonitor, fun() -> erlang:demonitor(erlang:monitor(process, Self, [{alias, demonitor}]), [flush]) end},
+             {warm_shape, fun() -> kem_warm:shape(execute_kernel, Args) end},
+             {group_held, fun() -> kem_group:held(1, execute_kernel, Args, 60000) end},
+             {term_to_binary, fun() -> term_to_binary({call, 1, execute_kernel, Args, 60000}) end},
+             {shm_call_route, fun() -> kem_shm_dir:path() end}],
+    Costs = [{Name, lists:min([loop_ns(Fun, 200000) || _ <- [1, 2, 3]])} || {Name, Fun} <- Steps],
+    [io:format("  ~p ~b ns~n", [Name, round(Ns)]) || {Name, Ns} <- Costs],
+    Costs.
+
+loop_ns(Fun, N) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    repeat(Fun, N),
+    (erlang:monotonic_time(nanosecond) - T0) / N.
+
+repeat(_Fun, 0) -> ok;
+repeat(Fun, N) -> Fun(), repeat(Fun, N - 1).
 
 sum_by(Key, Data) ->
     Sums = lists:foldl(fun({Pid, Funs}, Acc) ->
