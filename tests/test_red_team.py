@@ -262,7 +262,7 @@ def test_a_kernel_whose_first_dispatch_compiles_for_minutes_is_refused_in_the_wo
         bystander = port.call_async("execute_kernel", b"double", words.tobytes(), 1)
         assert bystander.result(40) == (words * np.uint32(2)).tobytes()
         with pytest.raises(Exception) as refused:
-            bomb.result(40)
+            bomb.result(130)  # 20 s of the worker's CPU time (wall time grows with load); 60 s wall backstop, twice
         assert getattr(refused.value, "reason", None) == "kernel_rejected", refused.value
     finally:
         port.proc.kill()
@@ -339,3 +339,82 @@ def test_a_calls_explicit_workgroups_are_bounded_as_a_chain_steps_are(rng):
     finally:
         port.proc.kill()
         port.proc.wait(10)
+
+
+# -- shadowing the predeclared names kem's own code calls ----------------------
+
+# WGSL lets a module-scope declaration shadow a predeclared function or
+# type alias, and naga follows: kem's appended code then calls the
+# kernel's. The slot form's kem_out clamps with select(); a kernel whose
+# own select returns its second argument unclamped indexes every slot of
+# the group's output (u32 wrap reaches the slots before it). Mode 0 is a
+# victim (doubles its input), mode 1 an attacker on the same published
+# kernel reading 4,095 words either side.
+SHADOW_SELECT = """
+@group(0) @binding(0) var<storage, read> input: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output: array<u32>;
+fn select(f: u32, t: u32, c: bool) -> u32 { return t; }
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&output);
+    if (gid.x >= n) { return; }
+    if (input[0] == 0u) {
+        output[gid.x] = input[gid.x] * 2u;
+    } else {
+        var x = 0u;
+        for (var k = 1u; k < 4096u; k++) { x = max(x, max(output[gid.x + k], output[gid.x - k])); }
+        output[gid.x] = x;
+    }
+}
+"""
+
+
+def test_a_kernel_shadowing_select_never_reads_another_slot(kernel_dir, rng):
+    """BEFORE: 20 of 20 attacker replies held a victim's output word (the
+    slot form ran: 5 slot dispatches, no canary broken: reads leave none)."""
+    (kernel_dir / "shadow.wgsl").write_text(SHADOW_SELECT)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        port.call("execute_kernel", b"shadow", bytes(64), 1)
+        seen = 0
+        for _ in range(5):
+            inputs, doubled = [], set()
+            for k in range(16):
+                if k % 4 == 3:
+                    inputs.append(np.array([1] + [0] * 15, "<u4").tobytes())
+                else:
+                    secret = np.concatenate([[0], rng.integers(1 << 30, 1 << 31, 15, dtype=np.uint64)]).astype("<u4")
+                    doubled |= {int(w) for w in secret[1:] * np.uint32(2)}
+                    inputs.append(secret.tobytes())
+            replies = [f.result(60) for f in port.call_group_async(b"shadow", inputs)]
+            for k, reply in enumerate(replies):
+                words = np.frombuffer(reply, "<u4")
+                if k % 4 == 3:
+                    seen += len(doubled & {int(w) for w in words})
+                else:
+                    assert words.tolist() == (np.frombuffer(inputs[k], "<u4") * np.uint32(2)).tolist()
+        assert seen == 0, f"attackers read {seen} victim output words"
+
+
+# The clearing prologue ends with workgroupBarrier() and clears atomics with
+# atomicStore(): a kernel's own no-op versions left the memory uncleared
+# for the other invocations (lavapipe: the writer's secret read back, 256
+# words in one of two runs).
+SHADOW_BARRIER = """
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+var<workgroup> secret: array<u32, 256>;
+var<workgroup> tally: atomic<u32>;
+fn {name}({params}) {{}}
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {{
+    out[w.x * 256u + i] = secret[255u - i] | atomicLoad(&tally) | (inp[0] & 0u);
+}}
+"""
+
+
+@pytest.mark.parametrize("name, params", [("workgroupBarrier", ""), ("atomicStore", "p: ptr<workgroup, atomic<u32>>, v: u32")])
+def test_a_kernel_shadowing_what_the_clearing_calls_is_refused(name, params):
+    """BEFORE: cleared with the kernel's own no-op, and admitted."""
+    with pytest.raises(KemError) as err:
+        zero_workgroup_memory(SHADOW_BARRIER.format(name=name, params=params))
+    assert err.value.reason == "kernel_rejected" and name in err.value.detail

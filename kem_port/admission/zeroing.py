@@ -31,13 +31,15 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import canonical, sequence_count
+from kem_port.gpu.wgsl_canonical import canonical, declared_names, sequence_count
 from kem_port.gpu.wgsl_reflect import _attributes, _parser
 from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
 _WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({IDENT})\s*:\s*([^;]+);")
 _WORKGROUP_ANY = re.compile(r"\bvar\s*<\s*workgroup\b")
 INDEX = "_kem_lii"
+# Predeclared functions the clearing prologue calls.
+CLEARING_CALLS = frozenset({"workgroupBarrier", "atomicStore"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,13 @@ def zero_workgroup_memory(source: str) -> str:
     found = workgroup_vars(code)
     if not found:
         return source
+    shadowed = declared_names(code) & CLEARING_CALLS
+    if shadowed:
+        # WGSL lets a kernel declare its own workgroupBarrier or atomicStore
+        # (naga follows): the prologue would call a no-op and leave the
+        # memory uncleared for the other invocations (red team: the
+        # previous caller's secret read back on lavapipe).
+        raise KemError("kernel_rejected", f"a kernel that declares its own {', '.join(sorted(shadowed))} cannot have its workgroup memory cleared")
     tree = _parser().parse(code.encode("ascii"))
     edits: list[tuple[int, str]] = []
     entries = 0

@@ -49,7 +49,7 @@ from tree_sitter import Node
 
 from kem_port.errors import KemError
 from kem_port.gpu.slot_uses import Edits, Refused, declaration, element_type, redirect_uses
-from kem_port.gpu.wgsl_canonical import canonical, identifier_counts
+from kem_port.gpu.wgsl_canonical import canonical, declared_names, identifier_counts
 from kem_port.gpu.wgsl_reflect import _parser, reflect
 
 SLOT_BINDING = 2  # the uniform with the slot lengths and strides
@@ -64,6 +64,10 @@ ELEMENT_STRIDES = {
 ELEMENT_STRIDES.update({f"vec{n}{s}": ELEMENT_STRIDES[f"vec{n}<{t}>"] for n in (2, 3, 4) for s, t in (("u", "u32"), ("i", "i32"), ("f", "f32"))})
 OUTPUT_ONLY_STRIDES = {"atomic<u32>": 4, "atomic<i32>": 4}
 ADJUSTED_BUILTINS = ("global_invocation_id", "workgroup_id", "num_workgroups")
+# Predeclared names the rewrite and its appendix rely on: a kernel that
+# declares one of them (WGSL allows shadowing) keeps one dispatch per slot.
+PREDECLARED_USED = frozenset({"select", "arrayLength", "array", "atomic", "bool", "u32", "i32", "f32", "vec2", "vec3", "vec4"}
+                             | {name for name in ELEMENT_STRIDES if "<" not in name})
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,12 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
     tree = _parser().parse(data)
     if any(name.startswith("kem_") for name in uses):
         raise Refused("the kernel already uses names starting with kem_")
+    shadowed = declared_names(source) & PREDECLARED_USED
+    if shadowed:
+        # The appended code's select() clamps each output index into its
+        # slot; a kernel's own select returned it unclamped and read every
+        # slot of the group (red team). Element type names set the strides.
+        raise Refused(f"the kernel declares its own {', '.join(sorted(shadowed))}")
     names = {i: b.name for i, b in by_index.items()}
     in_type, out_type = (element_type(code, names[i]) for i in (0, 1))
     if in_type not in ELEMENT_STRIDES:

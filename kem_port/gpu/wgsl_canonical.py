@@ -202,3 +202,35 @@ def sequence_count(text: str, words: tuple[str, ...]) -> int:
     values = _VALUE.findall(canonical(text))
     n = len(words)
     return sum(1 for i, value in enumerate(values) if value == words[0] and tuple(values[i : i + n]) == words)
+
+
+_DECLARING = frozenset(("fn", "alias", "struct", "const", "override", "let"))
+
+
+def declared_names(text: str) -> set[str]:
+    """Every name text declares, at any scope: after fn, alias, struct,
+    const, override, let or var (past its <...>), and any name right
+    before ':' (parameters, members, typed declarations). WGSL lets a
+    declaration shadow a predeclared function or type (naga follows): code
+    kem adds that calls select(), workgroupBarrier() or names vec2f must
+    not run where the kernel gave them its own meaning (red team)."""
+    values = _VALUE.findall(canonical(text))
+    names: set[str] = set()
+    for i, value in enumerate(values[:-1]):
+        after = values[i + 1]
+        if value in _DECLARING or (value == "var" and after != "<"):
+            names.add(after)
+        elif value == "var":
+            # var's template is a few tokens (var<storage, read_write>): a
+            # bounded look, so 1 MiB of "var<" stays linear.
+            depth, j, stop = 0, i + 1, min(len(values), i + 16)
+            while j < stop:
+                depth += {"<": 1, ">": -1, ">>": -2}.get(values[j], 0)
+                j += 1
+                if depth <= 0:
+                    break
+            if j < len(values):
+                names.add(values[j])
+        elif after == ":" and (value[0].isalpha() or value[0] == "_"):
+            names.add(value)
+    return names
