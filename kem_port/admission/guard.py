@@ -13,10 +13,13 @@ not admitted (kernel sha256, entry point, with or without params):
    (admission/zeroing.py) -- the rewritten text is what every later step,
    and the port, compiles;
 4. a compile in the warm sacrificial worker (admission/worker.py) under
-   stack, memory and CPU limits and a wall deadline. A compile error is the
-   caller's ``shader_error``/``bad_kernel``; a worker that died or ran out
-   of time means the kernel is refused as ``kernel_rejected`` and
-   remembered by hash on disk.
+   stack, memory and CPU-time limits (a wall deadline of 3x the CPU budget
+   as a backstop). A compile error is the caller's ``shader_error``/
+   ``bad_kernel``. A worker that spent the compile's CPU budget means the
+   kernel is refused as ``kernel_rejected`` and remembered by hash on disk;
+   one that died otherwise, missed the wall deadline or broke (load or a
+   worn worker could cause those) gets the kernel again in a fresh worker
+   (_confirm), and only a second failure refuses and remembers it.
 
 Admitted pipelines are remembered in memory: a known kernel costs one set
 lookup (``is_admitted``). Kernels packaged with kem are admitted without
@@ -40,7 +43,7 @@ from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
 from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl_reflect import reflect
-from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied
+from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import zero_workgroup_memory
 
 log = logging.getLogger("kem_port.admission.guard")
@@ -68,9 +71,7 @@ class CompileGuard:
         self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
         self.admitted = self._admitted  # read by the folded lone road (lone_fold.py): one lookup, no call
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
-        self._worker: CompileWorker | None = None
-        self._spawning: threading.Thread | None = None
-        self._spawn_error: Exception | None = None
+        self._slot = WorkerSlot(settings, lambda seconds: self._time("compile_worker_open", seconds))
         self._lock = threading.Lock()  # one compile at a time: one worker
         self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
 
@@ -205,11 +206,6 @@ class CompileGuard:
             self._retire(worker)
         return healthy
 
-    def _retire(self, worker: CompileWorker) -> None:
-        worker.kill()
-        self._worker = None
-        self._respawn()
-
     def _remember_rejection(self, source: KernelSource, why: str) -> None:
         log.warning("kernel %s (sha256 %s) refused: %s", source.kernel_id, source.sha256, why)
         self._count("kernels_rejected")
@@ -220,37 +216,21 @@ class CompileGuard:
         compile fails in the worker ("crash", "stall" or "break")."""
         self._fault = fault
 
-    # -- the worker's life ------------------------------------------------
+    # -- the worker's life (worker_client.WorkerSlot) ---------------------
 
     def start(self) -> None:
         """Start the worker in the background (it opens its own device)."""
-        self._respawn()
+        self._slot.respawn()
 
-    def _respawn(self) -> None:
-        if self._spawning is not None and self._spawning.is_alive():
-            return
-        self._spawning = threading.Thread(target=self._spawn, name="kem-compile-spawn", daemon=True)
-        self._spawning.start()
-
-    def _spawn(self) -> None:
-        try:
-            self._worker = CompileWorker(self.settings)
-            self._spawn_error = None
-            self._time("compile_worker_open", self._worker.open_s)
-        except Exception as exc:  # reported to the next kernel that needs it
-            log.error("the compile worker did not start: %s", exc)
-            self._spawn_error = exc
+    @property
+    def _worker(self) -> CompileWorker | None:
+        return self._slot.worker
 
     def _ready_worker(self) -> CompileWorker:
-        if self._worker is not None and self._worker.alive():
-            return self._worker
-        if self._spawning is None or not self._spawning.is_alive():
-            self._spawn()
-        else:
-            self._spawning.join()
-        if self._worker is None or not self._worker.alive():
-            raise KemError("no_adapter", "the kernel compile worker is not available")
-        return self._worker
+        return self._slot.ready()
+
+    def _retire(self, worker: CompileWorker) -> None:
+        self._slot.retire(worker)
 
     def describe(self) -> dict:
         worker = self._worker
@@ -260,8 +240,7 @@ class CompileGuard:
                 "adapter_leaks_workgroup_memory": None if worker is None else worker.leaks_workgroup}
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
+        self._slot.close()
 
     def _count(self, name: str) -> None:
         if self.stats is not None:
