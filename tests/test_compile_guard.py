@@ -357,3 +357,25 @@ def test_a_valid_kernel_whose_first_compile_fails_is_compiled_again_not_refused(
     with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
         words = rng.integers(0, 2**32, 500, dtype=np.uint32)  # a restarted port: still admitted, still right
         assert port.call("execute_kernel", b"seven", words.tobytes(), 1) == (words * np.uint32(7) + np.uint32(1)).tobytes()
+
+
+def test_an_unconfirmed_failure_is_a_retryable_overloaded_and_not_remembered(tmp_path, monkeypatch):
+    """No fresh worker to confirm in (here: one that cannot open its
+    adapter): the caller gets `overloaded` (try later), nothing is written,
+    and once a worker starts again the kernel is admitted."""
+    monkeypatch.setenv("KEM_TEST_HOOKS", "1")  # the worker honours fail_next_compile only then
+    guard = CompileGuard(GuardSettings(timeout_s=2.0, memory_mb=512), RejectStore(tmp_path))
+    try:
+        guard.start()
+        guard._ready_worker()  # the first attempt's worker is healthy
+        seven = source("seven", SEVEN)
+        guard.fail_next_compile("crash")
+        guard._slot.settings = GuardSettings(timeout_s=2.0, memory_mb=512, adapter="no-such-adapter")
+        with pytest.raises(KemError) as err:
+            guard.admit(seven, MAIN)
+        assert err.value.reason == "overloaded" and "not refused" in err.value.detail, err.value
+        assert guard.rejects.lookup(seven.sha256) is None and not (tmp_path / seven.sha256).exists()
+        guard._slot.settings = guard.settings
+        assert guard.admit(seven, MAIN).sha256 == seven.sha256
+    finally:
+        guard.close()
