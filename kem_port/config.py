@@ -101,7 +101,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("fetch_retries", "fetch_retries", 2, _integer(0), "2", "per gateway request"),
     S("fetch_deadline_ms", "fetch_deadline_s", 30.0, _ms_to_s, "30000", "one fetch, every gateway and retry included; each gateway gets at most its requests' timeouts"),
     S("gateway_concurrency", "gateway_concurrency", 4, _integer(1), "4", "fetches at once per gateway; a fetch finding none free tries the next gateway"),
-    S("compile_timeout_ms", "compile_timeout_s", 20.0, _ms_to_s, "20000", "wall deadline of a new kernel's compile in the sacrificial worker (docs/security.md)"),
+    S("compile_timeout_ms", "compile_timeout_s", 20.0, _ms_to_s, "20000", "CPU-time budget of a new kernel's compile in the sacrificial worker (wall-time backstop 3x; docs/security.md)"),
     S("compile_memory_mb", "compile_memory_mb", 1024, _integer(64), "1024", "memory the compile worker may add to its open device (`RLIMIT_DATA`)"),
     S("zero_workgroup", "zero_workgroup", "on", _choice("on", "auto", "off"), "`on`", "clear workgroup memory at each entry point (`auto`: only where the worker's probe sees a leak)"),
     S("test_hooks", "test_hooks", False, lambda raw: raw == "1", "off", "`1` enables the `test_hook` method (tests only)"),
