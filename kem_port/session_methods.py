@@ -223,9 +223,8 @@ class SessionMethods:
         def control(_executor: object) -> None:
             self._answering(req_id, lambda: self.router.reply_ok(req_id, self.service.run(work)))()
 
-        # Session work keeps its order: none runs inline while earlier
-        # session work is still queued (the GPU thread takes an item off
-        # the queue a moment before it takes the executor lock).
+        # Session work keeps its order: none runs inline while earlier work is still
+        # queued (the GPU thread takes an item a moment before the executor lock).
         if small and not self._queued and not self.router.input_waiting() and self.loop.run_control_inline(control):
             self.router.stats.inc("inline_session_calls")
             return
@@ -249,8 +248,13 @@ class SessionMethods:
 
     def _reply_step_error(self, req_id: int, exc: StepError) -> None:
         self.router.stats.error(exc.reason)
-        detail = {terms.atom("step"): exc.step + 1, terms.atom("detail"): terms.Binary(exc.detail.encode("utf-8", "replace"))}
-        self.router.writer.write([terms.encode((terms.atom("reply"), req_id, (terms.atom("error"), (terms.atom(exc.reason), detail))))])
+        self.router.writer.write([_step_error_frame(req_id, exc)])
+
+
+def _step_error_frame(req_id: int, exc: StepError) -> bytes:
+    """{reply, ReqId, {error, {Reason, #{step, detail}}}}: which step failed."""
+    detail = {terms.atom("step"): exc.step + 1, terms.atom("detail"): terms.Binary(exc.detail.encode("utf-8", "replace"))}
+    return terms.encode((terms.atom("reply"), req_id, (terms.atom("error"), (terms.atom(exc.reason), detail))))
 
 
 def _tagged(req_id: int) -> Callable[[Callable], Callable]:
