@@ -54,10 +54,8 @@ class GpuLoop:
         self.queue: queue.Queue[Job | Control] = queue.Queue(maxsize=queue_limit)
         self.sizer = BatchSizer(max_batch)
         self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
-        # What the GPU thread is inside now, for state_of (a timed-out
-        # caller's port is killed only when its own call is running):
-        # replaced whole, never changed in place, so the reader reads it
-        # without a lock.
+        # What the GPU thread is inside now, for state_of (gpu/blame.py): replaced
+        # whole, never changed in place, so the reader reads it without a lock.
         self._on_gpu = OnGpu()
         self._control_tag: object = None
         # The tag of the call the reader runs inline now (run_inline, or the
@@ -88,8 +86,7 @@ class GpuLoop:
             return None
         if tag == self.inline_tag or tag == self._control_tag:
             return "running", 0
-        where = self._on_gpu.where(tag)
-        if where is not None:
+        if (where := self._on_gpu.where(tag)) is not None:
             return where
         with self.queue.mutex:
             waiting = list(self.queue.queue)
