@@ -18,10 +18,13 @@
 %% Method, Shape}') and owns `timer' (`{At, TRef}' or `none').
 -type owner() :: #{pending := map(), timer := {integer(), reference()} | none, atom() => term()}.
 
-%% @doc A call's deadline: monotonic ms, or `infinity'.
+%% @doc A call's deadline: monotonic ms, or `infinity'. One ms more than
+%% Timeout: the clock is read in whole ms, and a deadline of now + Timeout
+%% can come up to 1 ms early (at `timeout => 1' a probe at once, before the
+%% GPU thread is in the call); the timer it replaces never fired early.
 -spec of_timeout(timeout()) -> integer() | infinity.
 of_timeout(infinity) -> infinity;
-of_timeout(Timeout) -> erlang:monotonic_time(millisecond) + Timeout.
+of_timeout(Timeout) -> erlang:monotonic_time(millisecond) + Timeout + 1.
 
 %% @doc Have the timer fire by Deadline.
 -spec arm(integer() | infinity, owner()) -> owner().

@@ -7,15 +7,27 @@
 
 now_ms() -> erlang:monotonic_time(millisecond).
 
-%% A real port that reads every frame and answers none, as a port whose
-%% GPU thread is busy would.
+%% A real port process that answers nothing, as a port whose GPU thread
+%% is busy would (the probes fit in its pipe).
 owner(Pending) ->
-    Port = open_port({spawn, "cat > /dev/null"}, [binary, {packet, 4}]),
+    Port = open_port({spawn_executable, os:find_executable("sleep")}, [binary, {packet, 4}, {args, ["30"]}]),
     #{port => Port, next => 100, probes => #{}, pending => Pending, timer => none, name => test}.
 
-close(#{port := Port}) -> catch port_close(Port).
+close(#{port := Port}) ->
+    {os_pid, OsPid} = erlang:port_info(Port, os_pid),
+    catch port_close(Port),
+    os:cmd("kill " ++ integer_to_list(OsPid)).
 
 call(Deadline) -> {{self(), make_ref()}, Deadline, execute_kernel, none}.
+
+%% The clock is read in whole ms: a deadline of now + Timeout could pass
+%% up to 1 ms before Timeout has (a probe at `timeout => 1' before the GPU
+%% thread is in the call: kem_args_tests' session quarantine, 1 run in 3).
+a_deadline_never_comes_before_its_timeout_test() ->
+    Before = erlang:monotonic_time(microsecond),
+    Deadline = kem_port_deadline:of_timeout(1),
+    ?assert(Deadline * 1000 >= Before + 1000),
+    ?assertEqual(infinity, kem_port_deadline:of_timeout(infinity)).
 
 the_timer_is_armed_for_the_earliest_deadline_test() ->
     T = now_ms(),
