@@ -11,7 +11,7 @@ import queue
 import time
 
 import numpy as np
-from test_request_budgets import SPIN, SPIN_HINT, port_killed_after, spin_input, spin_reference
+from test_request_budgets import RUNAWAY, SPIN, SPIN_HINT, port_killed_after, spin_input, spin_reference
 
 from kem_port import terms
 from kem_port.gpu.calls import Job, KernelCall
@@ -55,7 +55,7 @@ def test_an_innocent_call_batched_before_a_runaway_is_not_running(kernel_dir, rn
         innocent = port.call_raw_frame(terms.encode(port._request(innocent_id, "execute_kernel", (b"double", words.tobytes(), 1), 600_000)), [innocent_id])[0]
         time.sleep(0.05)
         runaway_id = port.next_req_ids(1)[0]
-        runaway = port.call_raw_frame(terms.encode(port._request(runaway_id, "execute_kernel", (b"spin", spin_input(65535, 7), SPIN_HINT), 600_000)), [runaway_id])[0]
+        runaway = port.call_raw_frame(terms.encode(port._request(runaway_id, "execute_kernel", (b"spin", spin_input(RUNAWAY, 7), SPIN_HINT), 600_000)), [runaway_id])[0]
         hold.result(30)
         assert innocent.result(30) == (words * 2).astype("<u4").tobytes()  # its own batch, answered
         time.sleep(0.2)

@@ -13,6 +13,7 @@ Held (regression tests): see the tests below the findings.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -255,6 +256,8 @@ def test_a_kernel_whose_first_dispatch_compiles_for_minutes_is_refused_in_the_wo
     (kernel_dir / "jit_bomb.wgsl").write_text(JIT_BOMB.replace("4095u];", f"4095u] + {salt}u;"))
     port = start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache"))
     try:
+        if json.loads(port.call_plain("adapter_info"))["adapter_type"] != "CPU":
+            pytest.skip("a GPU driver compiles at pipeline creation: the bomb is a CPU adapter's (llvmpipe JITs at first dispatch)")
         port.call("execute_kernel", b"double", bytes(8), 1)
         bomb = port.call_async("execute_kernel", b"jit_bomb", bytes(16), 16)
         time.sleep(1.0)
@@ -330,7 +333,7 @@ def test_a_calls_explicit_workgroups_are_bounded_as_a_chain_steps_are(rng):
             with pytest.raises(Exception) as err:
                 port.call("execute", b"double", bytes(16), {"workgroups": groups}, timeout=10)
             assert getattr(err.value, "reason", None) == "bad_args" and "workgroups" in err.value.detail, err.value
-            assert time.perf_counter() - started < 2.0
+            assert time.perf_counter() - started < 10.0  # refused, not run (it ran past 30 s); 2.5 s on an H200
         for n in (64, 1000, 4096):
             words = rng.integers(0, 2**31, n, dtype=np.uint32)
             want = (words * np.uint32(2)).tobytes()

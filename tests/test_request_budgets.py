@@ -128,6 +128,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 SPIN_HINT = 1024  # 16 input bytes -> 16 KiB out: 4,096 invocations, a small call
+# A runaway on any adapter: lavapipe stops at its 65,535 iterations (a minute
+# or more), a GPU would take hours (an H200 ran 65,535 rounds in well under
+# the tests' 0.3 s).
+RUNAWAY = 0xFFFFFFFF
 
 
 def spin_reference(rounds: int, seed: int, words: int) -> bytes:
@@ -172,7 +176,7 @@ def test_a_runaway_warm_kernel_never_holds_the_reader(kernel_dir, rng, road):
             seed = int(rng.integers(0, 2**31))
             _, warm = send_spin(port, road, spin_input(3, seed))
             assert warm.result(60) == spin_reference(3, seed, 16 * SPIN_HINT // 4)
-        runaway_id, runaway = send_spin(port, road, spin_input(65535, 7))
+        runaway_id, runaway = send_spin(port, road, spin_input(RUNAWAY, 7))
         time.sleep(0.3)  # it is running
         assert not runaway.done()
         pong, took = answered_within(port, "ping")

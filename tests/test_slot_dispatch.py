@@ -116,6 +116,23 @@ KERNELS = {
 }
 
 
+def assert_same(name: str, x: np.ndarray, got: np.ndarray, out_words: int) -> None:
+    """numpy's answer, exactly. The float kernels (x * 2.5 + k) may be fused
+    by the GPU's compiler into one multiply-add, rounded once (seen on an
+    H200), where numpy and lavapipe round twice: each word must be one of
+    the two. float64 holds x * 2.5 + k exactly (27 significant bits of the
+    product, k < 2**10), so its one rounding to float32 is the fused one."""
+    want = expected(name, x, out_words)
+    if name in ("vec4_scale", "vec4f_scale"):
+        fused = want.copy()
+        f = x.view(np.float32)[: len(x) // 4 * 4].reshape(-1, 4).astype(np.float64)
+        exact = (f * 2.5 + np.arange(len(f), dtype=np.float64)[:, None]).astype(np.float32)
+        fused[: exact.size] = exact.reshape(-1).view(np.uint32)
+        assert np.all((got == want) | (got == fused)), name
+    else:
+        assert np.array_equal(got, want), name
+
+
 def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
     """numpy's answer for one call on input words x, out_words long."""
     out = np.zeros(out_words, np.uint32)
@@ -173,7 +190,7 @@ def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, ca
     got = run_group(slot_port, name, inputs, hint)
     assert slot_dispatches(slot_port) == before + 1
     for x, out in zip(inputs, got):
-        assert np.array_equal(np.frombuffer(out, np.uint32), expected(name, x, words * hint)), name
+        assert_same(name, x, np.frombuffer(out, np.uint32), words * hint)
     single = slot_port.call("execute_kernel", name.encode(), inputs[-1].tobytes(), hint)
     assert single == got[-1]
 

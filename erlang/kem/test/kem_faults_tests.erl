@@ -45,7 +45,7 @@ runaway_kernel_is_contained() ->
     Stuck = kem_port:os_pid(kem_port_1),
     Caller = background_caller(self()),
     T0 = now_ms(),
-    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {65535, 65535, 1}}}, 1000),
+    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}}, 1000),
     TimedOut = now_ms(),
     ?assertMatch({error, {timeout, _}}, Result),
     ok = wait_ping(kem_port_1, 10000),
@@ -130,7 +130,7 @@ runaway_kernel_is_quarantined() ->
     ok = admit_runaway(kem_sup:port_names()),
     {ok, Default} = application:get_env(kem, timeout),
     ok = application:set_env(kem, timeout, 1000),
-    Runaway = fun() -> kem:execute(<<"runaway">>, <<0:32>>, #{workgroups => {65535, 65535, 1}}) end,
+    Runaway = fun() -> kem:execute(<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}) end,
     try
         ?assertMatch({error, {timeout, _}}, Runaway()),
         [ok = wait_ping(P, 10000) || P <- kem_sup:port_names()],

@@ -70,7 +70,7 @@ runaway_timeout() ->
     {ok, _} = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {1, 1, 1}}}, 60000),
     Spare = ready_spare(),
     Stuck = kem_port:os_pid(kem_port_1),
-    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {65535, 65535, 1}}}, 500),
+    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}}, 500),
     TimedOut = now_ms(),
     ?assertMatch({error, {timeout, _}}, Result),
     Back = first_success(kem_port_1, TimedOut + 10000),
@@ -87,7 +87,7 @@ runaway_flood_leaves_bystanders_answered() ->
     Parent = self(),
     Bystanders = [spawn_link(fun() -> Parent ! {self(), bystander(0, [])} end) || _ <- lists:seq(1, 4)],
     Started = now_ms(),
-    Runaways = [kem:call(execute, {<<"runaway">>, <<0:32>>, #{workgroups => {65535, 65535, 1}}}, 300)
+    Runaways = [kem:call(execute, {<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}}, 300)
                 || _ <- lists:seq(1, 6)],
     Elapsed = now_ms() - Started,
     [B ! stop || B <- Bystanders],
