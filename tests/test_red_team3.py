@@ -1,0 +1,137 @@
+"""Third red team of issue 24: the debug channel, pooled and kit buffers,
+disclosure and the test hook, through a real port on real wgpu.
+
+Held (regression tests below; none broke in this round):
+* a debug call's channel is fresh zeros: a kernel reading the channel
+  without writing sees count 0 and no record of the caller before it, who
+  wrote 2,000 random secrets there;
+* a kernel whose uniform the reflection cannot size (an array behind a
+  `const`) asks for 16 KiB of a 256-byte params binding: its calls are a
+  `gpu_error`, each its own; bystanders' doublings mixed into the same
+  bursts are all exact (240 of 240 in the probe);
+* without KEM_TEST_HOOKS=1 `test_hook` is `unknown_method`; `config`,
+  `adapter_info`, `stats`, `health`, `call_state` and the refusals of
+  path-like kernel ids name no directory of the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import start_port
+from kem_port import terms
+from kem_port.client import PortClient, PortError, plain
+
+A = terms.atom
+
+CHANNEL = "struct KemDebug { count: atomic<u32>, records: array<u32> }\n"
+BINDINGS = """
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+"""
+DEBUG_BINDING = "@group(0) @binding(15) var<storage, read_write> kem_debug: KemDebug;\n"
+
+# Writes every input word as a record (the "victim" of the debug channel).
+DBG_WRITE = CHANNEL + BINDINGS + DEBUG_BINDING + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    output_words[i] = input_words[i];
+    let j = atomicAdd(&kem_debug.count, 1u);
+    if (j < arrayLength(&kem_debug.records)) { kem_debug.records[j] = input_words[i]; }
+}
+"""
+
+# Reads the channel without writing it: word 0 the count, then the records.
+DBG_READ = CHANNEL + BINDINGS + DEBUG_BINDING + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    if (i == 0u) { output_words[0] = atomicLoad(&kem_debug.count); return; }
+    if (i - 1u < arrayLength(&kem_debug.records)) { output_words[i] = kem_debug.records[i - 1u]; }
+}
+"""
+
+# A uniform the reflection cannot size (N is a const): 16 KiB read through
+# a params binding of 256 bytes when the caller sends 16.
+BIG_UNIFORM = "const N: u32 = 1024u;\n" + BINDINGS + """
+@group(0) @binding(2) var<uniform> p: array<vec4<u32>, N>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    output_words[i] = p[i / 4u][i % 4u];
+}
+"""
+
+
+def _debug_call(port: PortClient, kernel: bytes, data: bytes, **opts) -> tuple[np.ndarray, dict]:
+    options = {A("debug"): True, **{A(k): v for k, v in opts.items()}}
+    out, records = port.call("execute", kernel, data, options)
+    return np.frombuffer(terms.binary_bytes(out), "<u4"), plain(records)
+
+
+def test_a_debug_call_never_sees_the_previous_callers_records(kernel_dir, rng):
+    (kernel_dir / "dbg_write.wgsl").write_text(DBG_WRITE)
+    (kernel_dir / "dbg_read.wgsl").write_text(DBG_READ)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        for n in (1, 37, 2000, 5000):
+            secrets = rng.integers(1, 2**32, n, dtype=np.uint32)
+            out, debug = _debug_call(port, b"dbg_write", secrets.tobytes())
+            assert np.array_equal(out, secrets)
+            kept = min(n, debug["capacity"])
+            assert sorted(debug["records"]) == sorted(secrets.tolist())[:kept] or len(debug["records"]) == kept
+            assert debug["dropped"] == n - kept
+            seen, debug = _debug_call(port, b"dbg_read", bytes(4), output_size=4 * (1 + 4096 + 8))
+            assert seen[0] == 0 and not seen[1:].any(), f"{np.isin(seen, secrets).sum()} secret words read back"
+            assert debug["records"] == [] and debug["dropped"] == 0
+
+
+def test_an_undersized_uniform_fails_only_its_own_calls(kernel_dir, rng):
+    (kernel_dir / "big_uniform.wgsl").write_text(BIG_UNIFORM)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        full = rng.integers(0, 2**32, 4096, dtype=np.uint32)
+        got = port.call("execute", b"big_uniform", bytes(64), {A("params"): full.tobytes()})
+        assert np.array_equal(np.frombuffer(got, "<u4"), full[:16])
+        outcomes = []
+        for _ in range(8):
+            burst = []
+            for j in range(9):
+                if j % 3 == 1:
+                    burst.append((None, port.call_async("execute", b"big_uniform", bytes(64), {A("params"): bytes(16)})))
+                else:
+                    words = rng.integers(0, 2**31, int(rng.integers(1, 300)), dtype=np.uint32)
+                    burst.append(((words * 2).astype("<u4").tobytes(), port.call_async("execute_kernel", b"double", words.tobytes(), 1)))
+            for want, future in burst:
+                try:
+                    got = future.result(30)
+                    outcomes.append(("victim", got == want) if want else ("attacker", "ran"))
+                except PortError as exc:
+                    outcomes.append(("victim" if want else "attacker", exc.reason))
+        assert {o for o in outcomes if o[0] == "victim"} == {("victim", True)}
+        assert {o for o in outcomes if o[0] == "attacker"} == {("attacker", "gpu_error")}
+        assert port.call("ping") == A("pong")
+
+
+def test_no_test_hook_and_no_paths_in_answers(kernel_dir):
+    (kernel_dir / "dbg_write.wgsl").write_text(DBG_WRITE)
+    cache = kernel_dir / "cache"
+    with PortClient({"KEM_KERNEL_DIR": str(kernel_dir), "KEM_CACHE_DIR": str(cache)}) as port:
+        try:
+            port.call("test_hook", A("fail_next_compile"), A("crash"))
+            raise AssertionError("test_hook ran without KEM_TEST_HOOKS=1")
+        except PortError as exc:
+            assert exc.reason == "unknown_method"
+        answers = [repr(port.call(m)) for m in ("config", "adapter_info", "stats", "health")]
+        answers.append(repr(port.call("call_state", 1)))
+        for kid in (b"../dbg_write", str(kernel_dir / "dbg_write").encode(), b"dbg_write.wgsl"):
+            try:
+                port.call("execute_kernel", kid, bytes(8), 1)
+                raise AssertionError(f"{kid!r} ran")
+            except PortError as exc:
+                assert exc.reason == "invalid_kernel_id"
+                answers.append(str(exc.detail).replace(kid.decode(), "<id>"))
+        for text in answers:
+            assert str(kernel_dir) not in text and str(cache) not in text and "/tmp" not in text
