@@ -11,7 +11,12 @@ Held (regression tests below; none broke in this round):
   bursts are all exact (240 of 240 in the probe);
 * without KEM_TEST_HOOKS=1 `test_hook` is `unknown_method`; `config`,
   `adapter_info`, `stats`, `health`, `call_state` and the refusals of
-  path-like kernel ids name no directory of the node.
+  path-like kernel ids name no directory of the node;
+* outputs from 64 KiB + 4 bytes to 8 MiB + 12 (past the lone kit's and the
+  queue-write zeroing's 64 KiB) that a kernel never writes come back as
+  zeros of exactly the asked length on every road (plain, odd size, debug,
+  session call, chain), right after callers filled same-class buffers with
+  secrets.
 """
 
 from __future__ import annotations
@@ -135,3 +140,34 @@ def test_no_test_hook_and_no_paths_in_answers(kernel_dir):
                 answers.append(str(exc.detail).replace(kid.decode(), "<id>"))
         for text in answers:
             assert str(kernel_dir) not in text and str(cache) not in text and "/tmp" not in text
+
+
+NOOP = BINDINGS + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x == 0xffffffffu) { output_words[0] = input_words[0]; }
+}
+"""
+
+
+def test_large_unwritten_outputs_are_zeros_on_every_road(kernel_dir, rng):
+    (kernel_dir / "noop.wgsl").write_text(NOOP)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        session = port.session_open()
+        roads = {
+            "plain": lambda n: port.call("execute", b"noop", bytes(4), {A("output_size"): n}),
+            "odd": lambda n: port.call("execute", b"noop", bytes(4), {A("output_size"): n - 1}),
+            "debug": lambda n: port.call("execute", b"noop", bytes(4), {A("output_size"): n, A("debug"): True})[0],
+            "session": lambda n: session.call("noop", bytes(4), output_size=n),
+            "chain": lambda n: port.chain([{"kernel": "noop", "output_size": n}], bytes(4)),
+        }
+        for size in (65536 + 4, 200_000, (3 << 20) + 8, (8 << 20) + 12):
+            secrets = rng.integers(1, 2**32, size // 4, dtype=np.uint32)
+            want = (secrets * 2).astype("<u4").tobytes()
+            for future in [port.call_async("execute_kernel", b"double", secrets.tobytes(), 1) for _ in range(3)]:
+                assert future.result(120) == want
+            for road, run in roads.items():
+                got = run(size)
+                out = got if isinstance(got, bytes) else terms.binary_bytes(got)
+                assert len(out) == (size - 1 if road == "odd" else size), road
+                assert not any(out), f"{road}: {np.count_nonzero(np.frombuffer(out[: len(out) // 4 * 4], '<u4'))} words not zero"
