@@ -16,7 +16,11 @@ Held (regression tests below; none broke in this round):
   queue-write zeroing's 64 KiB) that a kernel never writes come back as
   zeros of exactly the asked length on every road (plain, odd size, debug,
   session call, chain), right after callers filled same-class buffers with
-  secrets.
+  secrets;
+* a uniform of 256 bytes the reflection cannot size (behind a `const`),
+  sent 4 to 252 bytes of params: the rest reads as zeros on every road
+  (lone kit, batch, debug, session call, chain) while other callers send
+  secrets as their params.
 """
 
 from __future__ import annotations
@@ -171,3 +175,41 @@ def test_large_unwritten_outputs_are_zeros_on_every_road(kernel_dir, rng):
                 out = got if isinstance(got, bytes) else terms.binary_bytes(got)
                 assert len(out) == (size - 1 if road == "odd" else size), road
                 assert not any(out), f"{road}: {np.count_nonzero(np.frombuffer(out[: len(out) // 4 * 4], '<u4'))} words not zero"
+
+
+U256 = "const N: u32 = 16u;\n" + BINDINGS + """
+@group(0) @binding(2) var<uniform> p: array<vec4<u32>, N>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    output_words[i] = p[(i / 4u) % N][i % 4u];
+}
+"""
+
+
+def test_short_params_pad_with_zeros_on_every_road(kernel_dir, rng):
+    (kernel_dir / "u256.wgsl").write_text(U256)
+    with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
+        session = port.session_open()
+        for length in (4, 12, 20, 100, 252):
+            secrets = rng.integers(1, 2**32, 64, dtype=np.uint32)
+            victims = [port.call_async("execute", b"u256", bytes(256), {A("params"): secrets.tobytes()}) for _ in range(3)]
+            mine = rng.integers(1, 2**32, length // 4, dtype=np.uint32)
+            want = np.zeros(64, np.uint32)
+            want[: length // 4] = mine
+            params = {A("params"): mine.tobytes()}
+            roads = {
+                "lone": lambda: port.call("execute", b"u256", bytes(256), params),
+                "batch": lambda: [f.result(60) for f in [port.call_async("execute", b"u256", bytes(256), params) for _ in range(4)]],
+                "debug": lambda: [port.call("execute", b"u256", bytes(256), {**params, A("debug"): True})[0]],
+                "session": lambda: session.call("u256", bytes(256), params=mine.tobytes()),
+                "chain": lambda: port.chain([{"kernel": "u256", "params": mine.tobytes(), "output_size": 256}], bytes(256)),
+            }
+            for road, run in roads.items():
+                got = run()
+                for out in got if isinstance(got, list) else [got]:
+                    seen = np.frombuffer(out if isinstance(out, bytes) else terms.binary_bytes(out), "<u4")
+                    assert np.array_equal(seen, want), f"{road}: {np.isin(seen, secrets).sum()} secret words"
+            for future in victims:
+                assert np.array_equal(np.frombuffer(future.result(60), "<u4"), secrets)
