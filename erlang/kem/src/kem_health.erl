@@ -25,13 +25,16 @@ report() ->
     end.
 
 %% @doc The report as a JSON-ready map for `dev_kem''s `info': binary keys,
-%% `null' for missing values, and whether every port is usable.
+%% `null' for missing values, and whether every port is usable. No OS pid:
+%% any HTTP client reads `info', and a pid that changes tells a stranger
+%% when other callers' work restarted a port (issue 24's third red team).
 -spec summary() -> map().
 summary() ->
     case report() of
         {ok, Ports} ->
             #{<<"usable">> => lists:all(fun(#{usable := U}) -> U end, maps:values(Ports)),
-              <<"ports">> => maps:from_list([{atom_to_binary(N), json_ready(H)} || {N, H} <- maps:to_list(Ports)])};
+              <<"ports">> => maps:from_list([{atom_to_binary(N), json_ready(maps:remove(os_pid, H))}
+                                                || {N, H} <- maps:to_list(Ports)])};
         {error, {Reason, Detail}} ->
             #{<<"usable">> => false, <<"reason">> => <<(atom_to_binary(Reason))/binary, ": ", Detail/binary>>}
     end.

@@ -17,7 +17,11 @@ usable_adapter_test_() ->
          %% A CPU adapter always says why it is used; a GPU needs no reason.
          ?assertEqual(Kind =:= <<"cpu">>, is_binary(maps:get(reason, Health))),
          #{<<"health">> := Summary} = info_body(),
-         ?assertMatch(#{<<"usable">> := true, <<"ports">> := #{<<"kem_port_1">> := #{<<"usable">> := true}}}, Summary)
+         ?assertMatch(#{<<"usable">> := true, <<"ports">> := #{<<"kem_port_1">> := #{<<"usable">> := true}}}, Summary),
+         %% Strangers read info over HTTP: no OS pid (issue 24's third red team:
+         %% a pid that changes tells a stranger when others' calls restarted a port).
+         #{<<"ports">> := #{<<"kem_port_1">> := Public}} = Summary,
+         ?assertNot(maps:is_key(<<"os_pid">>, Public))
      end}}.
 
 no_vulkan_icd_test_() ->
