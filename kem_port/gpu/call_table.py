@@ -54,7 +54,14 @@ class Sharing:
     other gets one call per dispatch. The default lists none, not even kem's
     own double_table: issue 24 asks for no sharing unless the operator says
     so, and opting in is one line. ``cross_caller_dispatch=off`` shares
-    nothing: no listed tables, and no slot form (executor)."""
+    nothing: no listed tables, and no slot form (executor).
+
+    What it costs, and why it is paid: on an H100 (`scripts/bench full`,
+    alternating with 71af1b6) an unlisted double_table lost 7-35% of its
+    rows (64 x 64: 2.47-2.49M against 2.67-3.28M items/s; 256 x 1: 76-80k
+    against 116k calls/s); listed, it was back to base. Before, 220 of 2,426
+    attacker replies held a victim's secret: a kernel that can see every
+    row may only see the rows of callers an operator vouched for it to."""
 
     cross_caller: bool = True
     table_kernels: frozenset[str] = frozenset()
