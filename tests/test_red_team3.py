@@ -1,7 +1,17 @@
 """Third red team of issue 24: the debug channel, pooled and kit buffers,
 disclosure and the test hook, through a real port on real wgpu.
 
-Held (regression tests below; none broke in this round):
+Findings (each test failed before its fix):
+* the compile guard kept one admitted copy of a kernel's text per
+  (entry point, params or not, session): a stranger's execute_chain may
+  name any entry point, so one published 1 MiB kernel with many compute
+  entry points grew the port by ~4-6 MB an admission (134 -> 205 MB after
+  12, lavapipe), without bound; now one copy per kernel;
+* dev_kem's info (any HTTP client) gave every port's OS pid, which tells a
+  stranger when other callers' work restarted a port
+  (erlang/kem/test/kem_health_tests.erl).
+
+Held (regression tests below):
 * a debug call's channel is fresh zeros: a kernel reading the channel
   without writing sees count 0 and no record of the caller before it, who
   wrote 2,000 random secrets there;
@@ -28,6 +38,10 @@ from __future__ import annotations
 import numpy as np
 
 from conftest import start_port
+from kem_port.admission.guard import CompileGuard, GuardSettings
+from kem_port.admission.rejects import RejectStore
+from kem_port.gpu.calls import KernelCall
+from kem_port.kernel_store import source_from_bytes
 from kem_port import terms
 from kem_port.client import PortClient, PortError, plain
 
@@ -213,3 +227,30 @@ def test_short_params_pad_with_zeros_on_every_road(kernel_dir, rng):
                     assert np.array_equal(seen, want), f"{road}: {np.isin(seen, secrets).sum()} secret words"
             for future in victims:
                 assert np.array_equal(np.frombuffer(future.result(60), "<u4"), secrets)
+
+
+def _many_entries(entries: int, pad: int) -> bytes:
+    """One kernel, a workgroup array (so the clearing rewrites it) and
+    `entries` compute entry points, padded by a comment to `pad` bytes."""
+    body = "".join(
+        f"@compute @workgroup_size(64) fn e{i}(@builtin(local_invocation_index) l: u32) "
+        f"{{ w[l] = {i}u; workgroupBarrier(); output_words[l] = w[63u - l]; }}\n"
+        for i in range(entries)
+    )
+    return ("var<workgroup> w: array<u32, 64>;\n" + BINDINGS + "// " + "x" * pad + "\n" + body).encode()
+
+
+def test_entry_points_of_one_kernel_share_one_admitted_text(tmp_path):
+    """Each (entry point, shape) is admitted on its own; the text kem keeps
+    for them must be one copy, or a caller choosing entry points grows the
+    port by the kernel's size each time."""
+    source = source_from_bytes("many", _many_entries(8, 200_000), "local", "local")
+    guard = CompileGuard(GuardSettings(timeout_s=20.0, memory_mb=512), RejectStore(tmp_path))
+    try:
+        admitted = [guard.admit_for_session(source, f"e{i}") for i in range(6)]
+        admitted += [guard.admit(source, KernelCall("many", bytes(256), 256, None, None, f"e{i}")) for i in (6, 7)]
+    finally:
+        guard.close()
+    kept = {id(a.text): len(a.text) for a in admitted}
+    assert all("workgroupBarrier" in a.text and a.text == admitted[0].text for a in admitted)
+    assert sum(kept.values()) <= len(admitted[0].text), f"{len(kept)} copies of a {len(admitted[0].text)}-byte text"

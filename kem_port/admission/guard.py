@@ -71,6 +71,11 @@ class CompileGuard:
         self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
         self.admitted = self._admitted  # read by the folded lone road (lone_fold.py): one lookup, no call
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
+        # One admitted text per kernel (sha256, cleared or not), shared by its
+        # entry points and shapes: a chain names any entry point, and a copy
+        # each grew the port by the kernel's size per name (1 MiB kernel:
+        # ~4-6 MB an admission, issue 24's third red team).
+        self._texts: dict[tuple[str, bool], str] = {}
         self._slot = WorkerSlot(settings, lambda seconds: self._time("compile_worker_open", seconds))
         self._lock = threading.Lock()  # one compile at a time: one worker
         self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
@@ -130,9 +135,10 @@ class CompileGuard:
             self._remember_rejection(source, exc.detail)
             raise
         worker = self._ready_worker()
-        text = source.text
-        if self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup):
-            text = zero_workgroup_memory(text)
+        clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
+        text = self._texts.get((source.sha256, clear))
+        if text is None:
+            text = zero_workgroup_memory(source.text) if clear else source.text
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
         else:
@@ -150,7 +156,7 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=text)
+        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text))
         self._admitted[key] = admitted
         self._count("kernels_admitted")
         return admitted
