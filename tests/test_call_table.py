@@ -30,13 +30,17 @@ fn kem_call_of(item: u32) -> KemCall {
     return kem_calls[lo];
 }
 """
-TABLED = TABLE_PREAMBLE + """
+# A call-table entry point's head: its item (flattened over x and y), its
+# call's row, and k, the item's word within the call's output.
+TABLE_ENTRY = """
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let item = gid.x + gid.y * groups.x * 64u;
     if (item >= arrayLength(&output_words)) { return; }
     let call = kem_call_of(item);
     let k = item - call.output_offset;
+"""
+TABLED = TABLE_PREAMBLE + TABLE_ENTRY + """
     // each output word: the call's input word k (zero past its input) times 5, plus the call's input length
     var x = 0u;
     if (k < call.input_words) { x = input_words[call.input_offset + k]; }

@@ -34,18 +34,12 @@ from kem_port.gpu.slot_dispatch import SlotForm
 from kem_port.gpu.slot_kernel import SlotKernel
 from kem_port.kernel_store import default_stores, source_from_bytes
 from kem_port.stats import Stats
-from test_call_table import TABLE_PREAMBLE
+from test_call_table import TABLE_ENTRY, TABLE_PREAMBLE
 from test_group_table import group_job
 
 # Output word 0 of a call: arrayLength of the bound input; word 1 + i: the
 # bound input's word i (every word the kernel can reach), 0 past it.
-ATTACKER = TABLE_PREAMBLE + """
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let item = gid.x + gid.y * groups.x * 64u;
-    if (item >= arrayLength(&output_words)) { return; }
-    let call = kem_call_of(item);
-    let k = item - call.output_offset;
+ATTACKER = TABLE_PREAMBLE + TABLE_ENTRY + """
     let reach = arrayLength(&input_words);
     var x = 0u;
     if (k == 0u) { x = reach; } else if (k - 1u < reach) { x = input_words[k - 1u]; }
