@@ -12,12 +12,7 @@
 %% @doc Seconds per rate measurement.
 -spec run(pos_integer()) -> ok.
 run(Seconds) ->
-    logger:set_primary_config(level, error),
-    {ok, _} = application:ensure_all_started(kem),
-    kem_bench:settle(),
-    {ok, Echo} = kem_port:start_script(echo_tool()),
-    Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
-    EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
+    {Echo, Kem, EchoCall} = setup(),
     %% Every port of the app (`ports', kem_place spreads many callers).
     port(<<"kem">>, Kem, [kem_port:os_pid(P) || P <- kem_sup:port_names()], Seconds),
     port(<<"echo">>, EchoCall, [kem_port:os_pid(Echo)], Seconds),
@@ -30,16 +25,22 @@ run(Seconds) ->
 %% read the shares, not the sums; docs/benchmarks.md, "BEAM CPU per call".
 -spec profile(pos_integer()) -> ok.
 profile(Seconds) ->
+    {Echo, Kem, EchoCall} = setup(),
+    Owners = [whereis(P) || P <- kem_sup:port_names()],
+    _ = rate(Kem, 64, 1),
+    profiled(<<"kem">>, Kem, Owners, Seconds),
+    profiled(<<"echo">>, EchoCall, [Echo], Seconds).
+
+%% The app started and settled, the echo port started, and one small
+%% `double' call through each (its answer checked) for the rates to loop.
+setup() ->
     logger:set_primary_config(level, error),
     {ok, _} = application:ensure_all_started(kem),
     kem_bench:settle(),
     {ok, Echo} = kem_port:start_script(echo_tool()),
     Kem = fun() -> {ok, <<2, 6, 10, 14>>} = kem:call(execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
     EchoCall = fun() -> {ok, ?SMALL} = kem_port:call(Echo, execute_kernel, {<<"double">>, ?SMALL, 1}, 60000) end,
-    Owners = [whereis(P) || P <- kem_sup:port_names()],
-    _ = rate(Kem, 64, 1),
-    profiled(<<"kem">>, Kem, Owners, Seconds),
-    profiled(<<"echo">>, EchoCall, [Echo], Seconds).
+    {Echo, Kem, EchoCall}.
 
 profiled(Name, Call, Owners, Seconds) ->
     {ok, _} = eprof:start(),
