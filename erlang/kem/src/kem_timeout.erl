@@ -104,7 +104,7 @@ finish(Id, Where, Detail, State = #{pending := Pending}, Answered) ->
                 true -> <<"; the port was restarted">>;
                 false -> <<"; the port was kept">>
             end,
-            Verdict = case on_gpu(Method, Where, Answered) of
+            Verdict = case on_gpu(Where, Answered) of
                 true -> ?ON_GPU;
                 false -> <<" did not finish in time: ">>
             end,
@@ -120,5 +120,5 @@ finish(Id, Where, Detail, State = #{pending := Pending}, Answered) ->
     end.
 
 %% The port itself said the GPU thread is inside the call.
-on_gpu(_Method, <<"running">>, answered) -> true;
-on_gpu(_Method, _Where, _Answered) -> false.
+on_gpu(<<"running">>, answered) -> true;
+on_gpu(_Where, _Answered) -> false.
