@@ -17,9 +17,8 @@ import wgpu
 
 from kem_port.gpu import contract
 from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
-from kem_port.gpu.chain_budget import ChainBudget
-from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.executor import Executor
+from kem_port.gpu.plan import prepare
 
 RECORDS = 4096  # u32 records kept per call (16 KiB); the rest are counted as dropped
 DEBUG_BYTES = 4 * (1 + RECORDS)  # the count, then the records
@@ -42,21 +41,17 @@ def _input_bytes(data: bytes | memoryview | FileInput | FileParts) -> bytes | me
 def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     """Run job's call with the debug channel; return (output, debug) where
     debug is ``{"records": [u32...], "dropped": n, "capacity": RECORDS}``."""
-    call, gpu = job.call, executor.gpu
-    device = gpu.require()
-    contract.check_sizes(call, gpu.binding_limit, gpu.uniform_limit)
-    pipeline = executor.pipelines.get(device, job.source, call)
-    groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits)
-    if call.workgroups is not None:  # bounded as a chain step's (plan.prepare)
-        ChainBudget(gpu.config.max_output_bytes).add_dispatch(pipeline.entry, groups)
+    call, device = job.call, executor.gpu.require()
+    # The checks, compile and dispatch any call gets (limits, explicit workgroups' bound).
+    item = prepare(job, executor.gpu, executor.pipelines)
+    pipeline, groups = item.pipeline, item.groups
     usage = wgpu.BufferUsage
-    in_size, out_size = contract.input_binding_size(call), max(contract.output_binding_size(call), 4)
+    in_size, out_size = item.in_size, max(item.out_size, 4)
     inputs = device.create_buffer_with_data(data=_padded(_input_bytes(call.input), in_size), usage=usage.STORAGE)
     outputs = device.create_buffer(size=out_size, usage=usage.STORAGE | usage.COPY_SRC)
     params = None
     if call.params is not None:
-        size = contract.params_binding_size(call)
-        params = (device.create_buffer_with_data(data=_padded(call.params, size), usage=usage.UNIFORM), 0, size)
+        params = (device.create_buffer_with_data(data=_padded(call.params, item.u_size), usage=usage.UNIFORM), 0, item.u_size)
     debug = device.create_buffer_with_data(data=bytes(DEBUG_BYTES), usage=usage.STORAGE | usage.COPY_SRC)
     entries = contract.group_entries((inputs, 0, in_size), (outputs, 0, out_size), params)
     if pipeline.debugged:  # a kernel without the channel runs as usual, with no records
