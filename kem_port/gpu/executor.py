@@ -173,8 +173,7 @@ class Executor:
                 continue
             try:
                 item = prepare(job)
-                shared = self.sharing.shares_table(job.call.kernel_id)
-                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu, shared):
+                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu, self.sharing.shares_table(job.call.kernel_id)):
                     # Too large for the call table (gpu/group_table.py): the group's slots go as
                     # plain calls, each prepared (and, should that fail, answered) on its own.
                     pending.extend(job.split())

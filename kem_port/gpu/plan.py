@@ -200,7 +200,7 @@ class BatchPlan:
         self.plain = [i for i in items if not i.pipeline.tabled]
         # Group jobs share a dispatch with the kernel's other calls, or past one
         # dispatch's limits (or unshared) have chunks of their own (executor._prepare_all let in those that fit).
-        shared, chunks = [], {}
+        shared, chunks = [], []
         self.group_tables = 0
         for item in (i for i in items if i.pipeline.tabled):
             chunk = 1
@@ -208,10 +208,10 @@ class BatchPlan:
                 chunk = group_table.chunk_slots(item, storage_align, binding_limit, max_groups, sharing.shares_table(item.job.call.kernel_id))
                 self.group_tables += 1
             if chunk < item.job.calls:
-                chunks[id(item)] = (item, chunk)
+                chunks.append((item, chunk))
             else:
                 shared.append(item)
-        self.small, self.large = _input_order(self.plain, shared, [item for item, _ in chunks.values()])
+        self.small, self.large = _input_order(self.plain, shared, [item for item, _ in chunks])
         self._lay_out_inputs(storage_align)
         out_total = u_total = 0
         for item in self.plain:
@@ -219,7 +219,7 @@ class BatchPlan:
             item.out_offset, out_total = out_total, out_total + item.job.calls * item.out_stride
             if item.u_size:
                 item.u_offset, u_total = u_total, u_total + contract.align(item.u_size, uniform_align)
-        self.groups = [t for item, chunk in chunks.values() for t in group_table.slot_tables(item, chunk, storage_align)]
+        self.groups = [t for item, chunk in chunks for t in group_table.slot_tables(item, chunk, storage_align)]
         self.groups += _table_groups(shared, binding_limit, max_groups, sharing)
         t_total = 0
         for group in self.groups:
