@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import canonical, declared_names, sequence_count
+from kem_port.gpu.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
 from kem_port.gpu.wgsl_reflect import _attributes, _parser
 from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
@@ -56,13 +56,13 @@ def strip_comments(source: str) -> str:
     return canonical(source)
 
 
-def workgroup_vars(code: str) -> list[WorkgroupVar]:
+def workgroup_vars(code: str, values: list[str]) -> list[WorkgroupVar]:
     """Every module-scope ``var<workgroup>`` of canonical code; refuses
     a declaration it cannot read, rather than leave it uncleared. The
     count is checked on the WGSL lexer's tokens (``var`` ``<``
     ``workgroup``, whatever spacing), not only on this regex."""
     found = [WorkgroupVar(m.group(1), " ".join(m.group(2).split())) for m in _WORKGROUP_VAR.finditer(code)]
-    declared = sequence_count(code, ("var", "<", "workgroup"))
+    declared = sequence_in(values, ("var", "<", "workgroup"))
     if len(found) != len(_WORKGROUP_ANY.findall(code)) or len(found) != declared:
         raise KemError("kernel_rejected", "a var<workgroup> declaration kem cannot clear on this adapter")
     return found
@@ -74,10 +74,11 @@ def zero_workgroup_memory(source: str) -> str:
     built on the canonical text (what the store gives anyway): the tree
     walked here and the text naga compiles are one."""
     code = strip_comments(source)
-    found = workgroup_vars(code)
+    values = token_values(code)  # lexed once for the three token checks below
+    found = workgroup_vars(code, values)
     if not found:
         return source
-    shadowed = declared_names(code) & CLEARING_CALLS
+    shadowed = names_declared_in(values) & CLEARING_CALLS
     if shadowed:
         # WGSL lets a kernel declare its own workgroupBarrier or atomicStore
         # (naga follows): the prologue would call a no-op and leave the
@@ -91,7 +92,7 @@ def zero_workgroup_memory(source: str) -> str:
         if node.type == "function_declaration" and any(a == "compute" for a, _ in _attributes(node)):
             edits.extend(_entry_edits(node, code, found))
             entries += 1
-    if entries != sequence_count(code, ("@", "compute")):
+    if entries != sequence_in(values, ("@", "compute")):
         # An entry point the tree did not read (an ERROR node) would run
         # with its workgroup memory uncleared: never run it.
         raise KemError("kernel_rejected", "a compute entry point kem cannot parse to clear its workgroup memory")

@@ -42,14 +42,13 @@ there (gpu/slot_dispatch.py).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from tree_sitter import Node
 
 from kem_port.errors import KemError
 from kem_port.gpu.slot_uses import Edits, Refused, declaration, element_type, redirect_uses
-from kem_port.gpu.wgsl_canonical import canonical, declared_names, identifier_counts
+from kem_port.gpu.wgsl_canonical import canonical, identifiers_in, names_declared_in, token_values
 from kem_port.gpu.wgsl_reflect import _parser, reflect
 
 SLOT_BINDING = 2  # the uniform with the slot lengths and strides
@@ -80,7 +79,8 @@ class SlotKernel:
 
 def rewrite(source: str, entry_point: str) -> SlotKernel:
     """The slot form of ``source``'s ``entry_point``, or Refused."""
-    source, uses = _canonical_uses(source)
+    source, values = _canonical_tokens(source)
+    uses = identifiers_in(values)
     shape = reflect(source)
     entry = shape.entry_points.get(entry_point)
     if entry is None or entry.stage != "compute" or entry.workgroup_size is None:
@@ -97,7 +97,7 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
     tree = _parser().parse(data)
     if any(name.startswith("kem_") for name in uses):
         raise Refused("the kernel already uses names starting with kem_")
-    shadowed = declared_names(source) & PREDECLARED_USED
+    shadowed = names_declared_in(values) & PREDECLARED_USED
     if shadowed:
         # The appended code's select() clamps each output index into its
         # slot; a kernel's own select returned it unclamped and read every
@@ -125,12 +125,12 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
     return SlotKernel(text, entry_point, ELEMENT_STRIDES[in_type], out_stride)
 
 
-def _canonical_uses(source: str) -> tuple[str, Counter]:
+def _canonical_tokens(source: str) -> tuple[str, list[str]]:
     """The text the rewrite works on, the canonical one (the store gives
-    no other; canonical is idempotent), and its identifier tokens."""
+    no other; canonical is idempotent), and its tokens, lexed once."""
     try:
         source = canonical(source)
-        return source, identifier_counts(source)
+        return source, token_values(source)
     except KemError as exc:
         raise Refused(exc.detail) from None
 

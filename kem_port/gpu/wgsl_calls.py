@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import identifier_counts, sequence_count
+from kem_port.gpu.wgsl_canonical import sequence_in, token_values
 from kem_port.gpu.wgsl_reflect import _parser
 
 LOOP_WORDS = frozenset({"loop", "for", "while"})  # reserved words: never an identifier in valid WGSL
@@ -156,11 +156,10 @@ def _no_loop_token(text: str, entry: str) -> bool:
     compute entry points of a sweep of public kernels had no loop token
     yet were answered "may loop" (opaque) and kept off the reader."""
     try:
-        counts = identifier_counts(text)
-        declared = sequence_count(text, ("fn", entry))
+        values = token_values(text)  # one lex for both questions
     except KemError:
         return False
-    return declared > 0 and not any(counts[word] for word in LOOP_WORDS)
+    return sequence_in(values, ("fn", entry)) > 0 and LOOP_WORDS.isdisjoint(values)
 
 
 _MAY_LOOP: OrderedDict[tuple[str, str], bool] = OrderedDict()
