@@ -43,6 +43,7 @@ from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
 from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl_reflect import reflect
+from kem_port.gpu.wgsl_calls import may_loop
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import zero_workgroup_memory
 
@@ -116,6 +117,12 @@ class CompileGuard:
         # kem's own contract (bindings, entry point): the same clear errors
         # the executor gives, before any compile.
         check_contract()
+        # Whether the author's code may loop, decided here, off the reader and
+        # GPU threads, on the text before kem's clearing adds its own bounded
+        # loop: the inline road and batching (gpu/blame.py, under the queue's
+        # lock) then find it with one dict lookup, the same answer for every
+        # text of this kernel (they all share its sha256).
+        may_loop(source.text, source.sha256, key[1])
         if _packaged(source):
             self._admitted[key] = source
             return source
