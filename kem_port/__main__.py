@@ -6,15 +6,15 @@ for the log pipeline (native_stderr.py), and Mesa gets a valid
 ``XDG_RUNTIME_DIR`` (runtime_dir.py).
 """
 
-from kem_port import native_stderr, runtime_dir
-from kem_port.stdio_guard import claim_protocol_fds
+from kem_port.port import native_stderr, runtime_dir
+from kem_port.wire.stdio_guard import claim_protocol_fds
 
 
 def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
     captured = native_stderr.capture()
     runtime_dir.ensure()
-    from kem_port.server import serve
+    from kem_port.port.server import serve
 
     return serve(in_fd, out_fd, captured)
 

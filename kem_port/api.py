@@ -45,13 +45,13 @@ from typing import Any
 
 import numpy as np
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.api_gpu import GpuLayer, gpu_layer  # noqa: F401  (GpuLayer: part of the API's surface)
 from kem_port.api_values import Input, Params, file_kernel_id, input_bytes, params_bytes, shape_output
 from kem_port.errors import KemError
 from kem_port.kernel_store import KernelResolver, KernelSource, default_stores, source_from_bytes
-from kem_port.protocol import KernelCall, kernel_call
+from kem_port.wire.protocol import KernelCall, kernel_call
 from kem_port.stats import Stats
 
 
@@ -102,7 +102,7 @@ class Runner:
 
     @property
     def resolver(self) -> KernelResolver:
-        from kem_port.server import build_remote
+        from kem_port.port.server import build_remote
 
         with self._lock:
             if self._resolver is None:

@@ -28,7 +28,8 @@ class GpuLayer(NamedTuple):
 
 def gpu_layer() -> GpuLayer:
     """The one place that names the GPU layer's modules and members."""
-    from kem_port.gpu import calls, debug_run, device, dispatch, executor, wgsl_reflect
+    from kem_port.gpu import calls, debug_run, device, dispatch, executor
+    from kem_port.gpu.wgsl import wgsl_reflect
 
     return GpuLayer(
         Executor=executor.Executor,

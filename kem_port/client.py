@@ -18,10 +18,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from kem_port import terms
-from kem_port.batch_frames import encode_calls, split_replies
-from kem_port.framing import HEADER, read_frame
-from kem_port.group_frames import encode_group
+from kem_port.wire import terms
+from kem_port.wire.batch_frames import encode_calls, split_replies
+from kem_port.wire.framing import HEADER, read_frame
+from kem_port.wire.group_frames import encode_group
 
 
 class PortError(Exception):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import canonical
+from kem_port.gpu.wgsl.wgsl_canonical import canonical
 
 PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels"
 

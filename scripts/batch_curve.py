@@ -125,7 +125,7 @@ def stage_profile(n: int, rounds: int) -> int:
 
 def drain_profile(n: int, rounds: int = 2000) -> int:
     """Microseconds a job for the GPU thread to take n queued jobs as a batch."""
-    from kem_port.gpu_loop import GpuLoop
+    from kem_port.port.gpu_loop import GpuLoop
 
     config = Config.from_env()
     loop = GpuLoop(Executor(config, Stats()), queue_limit=n + 1, max_batch=n, gathered=None)
@@ -151,11 +151,11 @@ def port_profile(n: int, rounds: int) -> int:
     """The GPU thread's CPU a call through a real Router, n calls a frame."""
     import os
 
-    from kem_port import batch_frames, terms
+    from kem_port.wire import batch_frames, terms
     from kem_port.admission.guard import guard_from_config
-    from kem_port.framing import FrameWriter
+    from kem_port.wire.framing import FrameWriter
     from kem_port.kernel_store import KernelResolver
-    from kem_port.router import Router
+    from kem_port.port.router import Router
 
     sys.setswitchinterval(0.0002)  # as the port sets it (server.py)
     config, stats = Config.from_env(), Stats()

@@ -17,7 +17,7 @@ from kem_port.admission.probe import open_device
 from kem_port.admission.rejects import RejectStore
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.contract import layout_entries
-from kem_port.gpu.wgsl_reflect import reflect
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.kernel_store import source_from_bytes
 
 KERNEL = """@group(0) @binding(0) var<storage, read> inp: array<u32>;

@@ -36,8 +36,8 @@ import numpy as np
 import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kem_port import bulk_io  # noqa: E402
-from kem_port.framing import read_into, write_all  # noqa: E402
+from kem_port.transfer import bulk_io  # noqa: E402
+from kem_port.transfer.fd_io import read_into, write_all  # noqa: E402
 from kem_port.gpu import native as native_path  # noqa: E402
 from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 

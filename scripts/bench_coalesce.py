@@ -23,7 +23,8 @@ import numpy as np
 import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kem_port.gpu import call_table, native as native_path  # noqa: E402
+from kem_port.gpu.group import call_table  # noqa: E402
+from kem_port.gpu import native as native_path
 from kem_port.kernel_store import PACKAGED_KERNELS  # noqa: E402
 
 U = wgpu.BufferUsage

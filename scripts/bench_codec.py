@@ -13,8 +13,8 @@ import time
 import erlang
 import erlpack
 
-from kem_port import terms
-from kem_port.request_fast import decode_hot
+from kem_port.wire import terms
+from kem_port.wire.request_fast import decode_hot
 
 
 def best_of(fn, repeat: int) -> float:

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batch_curve import _timed  # noqa: E402
 from bench_reader import CALL, EXECUTE, Collector, build_router  # noqa: E402
-from kem_port import batch_frames  # noqa: E402
-from kem_port.group_frames import encode_group  # noqa: E402
+from kem_port.wire import batch_frames  # noqa: E402
+from kem_port.wire.group_frames import encode_group  # noqa: E402
 
 import erlang  # noqa: E402
 

@@ -59,7 +59,7 @@ import numpy as np
 import wgpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kem_port import terms  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
 from kem_port.config import Config  # noqa: E402
 from kem_port.gpu.calls import Job, KernelCall  # noqa: E402
 from kem_port.gpu.executor import Executor  # noqa: E402

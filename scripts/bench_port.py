@@ -18,7 +18,7 @@ import time
 from concurrent.futures import wait
 from pathlib import Path
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"

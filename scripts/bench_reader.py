@@ -41,12 +41,12 @@ import erlang
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kem_port import batch_frames, framing  # noqa: E402
+from kem_port.wire import batch_frames, framing  # noqa: E402
 from kem_port.admission.guard import guard_from_config  # noqa: E402
 from kem_port.config import Config  # noqa: E402
 from kem_port.gpu.executor import Executor  # noqa: E402
 from kem_port.kernel_store import KernelResolver, default_stores  # noqa: E402
-from kem_port.router import Router  # noqa: E402
+from kem_port.port.router import Router  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
 CALL, EXECUTE = erlang.OtpErlangAtom("call"), erlang.OtpErlangAtom("execute_kernel")

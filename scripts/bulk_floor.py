@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kem_port.bulk_io import split  # noqa: E402
-from kem_port.framing import read_into, write_all  # noqa: E402
+from kem_port.transfer.bulk_io import split  # noqa: E402
+from kem_port.transfer.fd_io import read_into, write_all  # noqa: E402
 
 REPS = 9
 

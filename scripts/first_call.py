@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from arweave_fixture import Gateway, make_tx, new_key  # noqa: E402
-from kem_port import terms  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
 from kem_port.client import PortClient  # noqa: E402
 
 SMALL = bytes([1, 3, 5, 7])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from kem_port import terms  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
 from kem_port.client import PortClient  # noqa: E402
 from fuzz import max_rss_kib  # noqa: E402
 

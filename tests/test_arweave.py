@@ -167,7 +167,7 @@ def test_genuine_l1_and_item_kernels_run(tmp_path, gateway, key, rng):
         out = np.frombuffer(port.call("execute_kernel", item_id.encode(), words.tobytes(), 1), dtype="<u4")
         np.testing.assert_array_equal(out, words + 1)
         stats = port.call("stats")
-        from kem_port.terms import atom
+        from kem_port.wire.terms import atom
 
         assert stats[atom("arweave_fetches")] == 2
         config = port.call("config")
@@ -297,7 +297,7 @@ def test_cache_serves_without_network_and_survives_corruption(tmp_path, gateway,
     entry.write_bytes(bytes(raw))
     with arweave_port(tmp_path, gateway) as port:
         run_double(port, tx_id, rng)
-        from kem_port.terms import atom
+        from kem_port.wire.terms import atom
 
         assert port.call("stats")[atom("arweave_cache_corrupt")] == 1
     assert gateway.count(f"/tx/{tx_id}") == 2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import batch_frames, terms
+from kem_port.wire import batch_frames, terms
 from kem_port.client import PortError
 
 CALL = terms.atom("call")

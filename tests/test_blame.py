@@ -13,9 +13,9 @@ import time
 import numpy as np
 from test_request_budgets import RUNAWAY, SPIN, SPIN_HINT, port_killed_after, spin_input, spin_reference
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.gpu.calls import Job, KernelCall
-from kem_port.gpu_loop import _take_batch
+from kem_port.port.gpu_loop import _take_batch
 from kem_port.kernel_store import PACKAGED_KERNELS, source_from_bytes
 
 

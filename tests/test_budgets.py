@@ -12,8 +12,8 @@ import pytest
 
 from arweave_fixture import Gateway, make_tx, new_key
 from conftest import start_port
-from kem_port import terms
-from kem_port.budget import WorkBudget
+from kem_port.wire import terms
+from kem_port.port.budget import WorkBudget
 from kem_port.client import PortError
 from kem_port.errors import KemError
 from kem_port.kernel_store import PACKAGED_KERNELS

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import wgpu
 
-from kem_port.gpu import call_table, native
-from kem_port.gpu.wgsl_reflect import reflect
+from kem_port.gpu.group import call_table
+from kem_port.gpu import native
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
 U = wgpu.BufferUsage
 # The call table ABI's declarations and row search (docs/dispatch.md), as
@@ -148,7 +149,7 @@ from kem_port.stats import Stats  # noqa: E402
 
 import reference  # noqa: E402
 from conftest import start_port  # noqa: E402
-from kem_port import terms  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
 
 TWO_D = TABLED.replace("@workgroup_size(64)", "@workgroup_size(8, 8)")
 

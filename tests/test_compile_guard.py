@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 from kem_port.admission.guard import CompileGuard, GuardSettings
 from kem_port.errors import KemError
@@ -302,8 +302,8 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_i
 
 
 def test_a_loop_free_kernel_tree_sitter_cannot_parse_may_not_loop(kernel_dir, rng):
-    from kem_port.gpu.wgsl_calls import may_loop
-    from kem_port.gpu.wgsl_canonical import canonical
+    from kem_port.gpu.wgsl.wgsl_calls import may_loop
+    from kem_port.gpu.wgsl.wgsl_canonical import canonical
 
     text = canonical(NO_LOOP_UNPARSED)
     assert may_loop(text, "no-loop-unparsed", "main") is False

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError, plain
 from kem_port.gpu.debug_run import RECORDS
 

@@ -21,11 +21,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 from kem_port.errors import KemError
-from kem_port.etf_guard import MAX_ARITY, MAX_ATOM, MAX_LIST, MAX_NODES, check_frame
-from kem_port.request_fast import decode_hot, execute_kernel_fields
+from kem_port.wire.etf_guard import MAX_ARITY, MAX_ATOM, MAX_LIST, MAX_NODES, check_frame
+from kem_port.wire.request_fast import decode_hot, execute_kernel_fields
 
 REPEATS = (0, 1, 2, 3, MAX_ARITY - 1, MAX_ARITY, MAX_ARITY + 1, 255, 256, MAX_LIST, MAX_LIST + 1)
 ATOM_SIZES = (0, 1, 4, MAX_ATOM, MAX_ATOM + 1, 300)

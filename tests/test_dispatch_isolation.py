@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import group_frames, terms
+from kem_port.wire import group_frames, terms
 from kem_port.config import Config
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.gpu.slot_dispatch import SlotForm
-from kem_port.gpu.slot_kernel import SlotKernel
+from kem_port.gpu.group.slot_dispatch import SlotForm
+from kem_port.gpu.group.slot_kernel import SlotKernel
 from kem_port.kernel_store import default_stores, source_from_bytes
 from kem_port.stats import Stats
 from test_call_table import TABLE_ENTRY, TABLE_PREAMBLE
@@ -301,7 +301,7 @@ def test_a_slot_form_writing_outside_a_slot_fails_its_group_and_is_retired(rng, 
         compute={"module": device.create_shader_module(code=STRAY), "entry_point": "main"})
     ex.pipelines.slots._forms[serial] = SlotForm(stray, form.layout, SlotKernel(STRAY, "main", 4, 4))
     ex.pipelines.slots._groups.clear()  # bind groups are per form's layout: the same layout, kept anyway
-    with caplog.at_level(logging.ERROR, logger="kem_port.gpu.group_stage"):
+    with caplog.at_level(logging.ERROR, logger="kem_port.gpu.group.group_stage"):
         got = run_double_group(ex, secrets(rng, 12, 16))
     assert sorted(got) == list(range(12))
     assert {(e.reason, "outside a call's slot" in e.detail) for e in got.values()} == {("internal", True)}

@@ -11,7 +11,7 @@ import pytest
 
 import reference
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 from fuzz import fuzz, max_rss_kib
 

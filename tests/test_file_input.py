@@ -14,10 +14,11 @@ import pytest
 import reference
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu.calls import FileInput, KernelCall
+from kem_port.gpu.calls import KernelCall
+from kem_port.transfer.file_inputs import FileInput
 from kem_port.gpu.executor import Executor
-from kem_port.shm import READ_LATE, SharedMemory
-from kem_port import terms
+from kem_port.transfer.shm import READ_LATE, SharedMemory
+from kem_port.wire import terms
 from kem_port.stats import Stats
 from executor_helpers import run_double
 
@@ -61,6 +62,6 @@ def test_the_shm_reader_leaves_large_inputs_in_their_file(tmp_path):
     memory = SharedMemory(tmp_path.resolve(), 1 << 30)
     (tmp_path / "small").write_bytes(b"x" * 100)
     (tmp_path / "large").write_bytes(b"y" * READ_LATE)
-    assert bytes(memory.read_input(terms.Binary(str(tmp_path / "small").encode()))) == b"x" * 100
-    late = memory.read_input(terms.Binary(str(tmp_path / "large").encode()))
+    assert bytes(memory.read_input(str(tmp_path / "small").encode())) == b"x" * 100
+    late = memory.read_input(str(tmp_path / "large").encode())
     assert isinstance(late, FileInput) and len(late) == READ_LATE

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import group_frames, terms
+from kem_port.wire import group_frames, terms
 from kem_port.client import PortError
 from kem_port.config import Config
 

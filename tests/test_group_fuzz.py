@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import start_port
-from kem_port import group_frames, terms
-from kem_port.batch_frames import encode_calls
+from kem_port.wire import group_frames, terms
+from kem_port.wire.batch_frames import encode_calls
 from kem_port.client import PortError
 
 # What a hostile group may hear ("internal" is not among them: that is a bug).

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import group_frames, terms
+from kem_port.wire import group_frames, terms
 from kem_port.client import PortError
 from kem_port.config import Config
-from kem_port.gpu import call_table, group_table
+from kem_port.gpu.group import call_table, group_table
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.gpu.group_job import GroupJob
+from kem_port.gpu.group.group_job import GroupJob
 from kem_port.kernel_store import source_from_bytes
 from kem_port.stats import Stats
 from test_call_table import TABLE_PREAMBLE

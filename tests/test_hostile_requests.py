@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 from kem_port.errors import KemError
-from kem_port.etf_guard import check_frame, peek_req_id
-from kem_port.request_fast import decode_hot
+from kem_port.wire.etf_guard import check_frame, peek_req_id
+from kem_port.wire.request_fast import decode_hot
 
 
 def call_frame(req_id: int, method: str, *args) -> bytes:

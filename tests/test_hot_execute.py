@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.protocol import RequestError, hot_execute_kernel, kernel_call, parse_call
-from kem_port.request_fast import execute_kernel_fields
+from kem_port.wire.protocol import RequestError, hot_execute_kernel, kernel_call, parse_call
+from kem_port.wire.request_fast import execute_kernel_fields
 
 CONFIG = Config(max_input_bytes=4096, max_output_bytes=16384)
 kernel_ids = st.one_of(st.binary(min_size=0, max_size=140), st.from_regex(rb"[A-Za-z0-9_-]{1,128}", fullmatch=True))

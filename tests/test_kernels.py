@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import reference
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 
 
@@ -119,7 +119,7 @@ def test_mixed_batches(port, rng):
     ones uploaded apart, params, and three pipelines in one compute pass."""
     from concurrent.futures import wait
 
-    port.call_async("test_hook", __import__("kem_port.terms", fromlist=["atom"]).atom("sleep_gpu"), 300)
+    port.call_async("test_hook", __import__("kem_port.wire.terms", fromlist=["atom"]).atom("sleep_gpu"), 300)
     expected, futures = [], []
     for i in range(30):
         kind = i % 3

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from kem_port import runtime_dir, terms
+from kem_port.port import runtime_dir
+from kem_port.wire import terms
 from kem_port.client import PortClient, PortError
-from kem_port.native_stderr import level_of
+from kem_port.port.native_stderr import level_of
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import reference
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.config import Config
-from kem_port.framing import read_frame
-from kem_port.stdio_guard import input_waiting, spin_for_input
+from kem_port.wire.framing import read_frame
+from kem_port.wire.stdio_guard import input_waiting, spin_for_input
 from test_executor import FIXED_INPUT  # an input binding kem passes and wgpu's validation fails
 from test_reader_lone import Reader, _gpu_thread_idle, _ok_value
 

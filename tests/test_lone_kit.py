@@ -18,7 +18,7 @@ from kem_port.errors import KemError
 from kem_port.gpu import lone_road
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.gpu_loop import GpuLoop
+from kem_port.port.gpu_loop import GpuLoop
 from kem_port.kernel_store import KernelSource, default_stores, source_from_bytes
 from kem_port.stats import Stats
 

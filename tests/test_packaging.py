@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient
 
 ROOT = Path(__file__).resolve().parents[1]

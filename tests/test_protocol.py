@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
 
 
@@ -42,7 +42,7 @@ def test_version_names_the_package_and_the_protocol(port):
     """The node checks this at start-up: the package version comes from
     kem_port.__version__ alone, the protocol number from protocol.py."""
     import kem_port
-    from kem_port.protocol import PROTOCOL_VERSION
+    from kem_port.wire.protocol import PROTOCOL_VERSION
 
     got = port.call("version")
     assert sorted(terms.atom_name(k) for k in got) == ["package", "protocol"]

@@ -16,15 +16,15 @@ import time
 import numpy as np
 import pytest
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.admission.guard import guard_from_config
 from kem_port.config import Config
-from kem_port.framing import HEADER, FrameWriter, read_frame
+from kem_port.wire.framing import HEADER, FrameWriter, read_frame
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
-from kem_port.router import Router
+from kem_port.port.router import Router
 from kem_port.stats import Stats
-from kem_port.stdio_guard import input_waiting
+from kem_port.wire.stdio_guard import input_waiting
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from conftest import start_port
 from kem_port.admission.zeroing import zero_workgroup_memory
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import canonical, identifier_counts, sequence_count, tokens
+from kem_port.gpu.wgsl.wgsl_canonical import canonical, identifier_counts, sequence_count, tokens
 
 # -- the lexer's speed ---------------------------------------------------------
 
@@ -147,7 +147,7 @@ def dump_port(tmp_path_factory):
 
 
 def _frame(req_id: int, kernel: bytes, data: bytes, hint: int) -> bytes:
-    from kem_port import terms
+    from kem_port.wire import terms
     return terms.encode((terms.atom("call"), req_id, terms.atom("execute_kernel"), (terms.Binary(kernel), terms.Binary(data), hint)))
 
 
@@ -156,7 +156,7 @@ def test_a_plain_kernel_reading_far_out_of_range_sees_only_its_own_input(dump_po
     """Held: singles [dump, double(victim), dump, ...] and a group of dumps
     (the slot form) behind a sleeping GPU, odd sizes: every word a dump
     reads is its own input's or 0 (lavapipe clamps into the binding)."""
-    from kem_port import group_frames, terms
+    from kem_port.wire import group_frames, terms
     busy = dump_port.call_async("test_hook", terms.atom("sleep_gpu"), 300)
     time.sleep(0.1)
     size_a = 4 * int(rng.integers(1, 9))
@@ -211,7 +211,7 @@ def test_an_output_the_kernel_never_writes_is_zeros_not_a_previous_callers(noop_
     """Held: pooled output buffers are cleared; singles, odd sizes and
     slot-form groups of a kernel that writes nothing, right after and
     beside victims' doubles, read back only zeros."""
-    from kem_port import terms
+    from kem_port.wire import terms
     for round_ in range(6):
         size = 4 * int(rng.integers(1, 2000))
         secret = rng.integers(1 << 31, 1 << 32, size // 4, dtype=np.uint64).astype("<u4").tobytes()
@@ -299,7 +299,7 @@ fn main(@builtin(local_invocation_index) lii: u32, @builtin(global_invocation_id
 def test_co_grouped_callers_never_see_each_others_workgroup_memory(kernel_dir, rng):
     """Held (zeroing on, the default): one slot dispatch a group, victims
     and attackers interleaved; attackers read zeros, victims numpy's."""
-    from kem_port import terms
+    from kem_port.wire import terms
     (kernel_dir / "wg_modes.wgsl").write_text(WG_MODES)
     with start_port(KEM_KERNEL_DIR=str(kernel_dir), KEM_CACHE_DIR=str(kernel_dir / "cache")) as port:
         port.call("execute_kernel", b"wg_modes", bytes(65 * 4), 1)

@@ -42,7 +42,7 @@ from kem_port.admission.guard import CompileGuard, GuardSettings
 from kem_port.admission.rejects import RejectStore
 from kem_port.gpu.calls import KernelCall
 from kem_port.kernel_store import source_from_bytes
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient, PortError, plain
 
 A = terms.atom

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import start_port
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient, PortError
 from kem_port.client import _step_term  # the chain step's wire form, as PortClient.chain sends it
 

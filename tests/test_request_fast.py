@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.errors import KemError
-from kem_port.request_fast import decode_hot
+from kem_port.wire.request_fast import decode_hot
 
 atoms = st.sampled_from(["call", "execute_kernel", "execute_kernel_with_params", "ping", "true", "false", "undefined", "ok"])
 integers = st.one_of(st.integers(0, 255), st.integers(-(2**31), 2**31 - 1), st.integers(0, 2**64 - 1), st.integers(-(2**64) + 1, 0))

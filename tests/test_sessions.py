@@ -10,7 +10,7 @@ import pytest
 import reference
 from conftest import start_port
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient, PortError, PortSession
 
 KERNELS = str(Path(__file__).resolve().parent / "session_kernels")

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortError
-from kem_port.shm import SharedMemory, private_directory, write_result
+from kem_port.transfer.shm import SharedMemory, private_directory, write_result
 from executor_helpers import reason_of
 
 
@@ -44,7 +44,7 @@ def test_a_fifo_at_the_input_path_is_refused_at_once(shm_dir):
 def test_a_fifo_swapped_in_before_a_late_read_is_refused_at_once(shm_dir):
     """Large inputs are read at encoding, by path (gpu/calls.py FileInput):
     that second open must not block the GPU thread on a FIFO either."""
-    from kem_port.gpu.calls import FileInput
+    from kem_port.transfer.file_inputs import FileInput
 
     fifo = shm_dir / "9.in"
     os.mkfifo(fifo)

@@ -16,12 +16,14 @@ import pytest
 
 import reference
 from conftest import start_port
-from kem_port import bulk_io, terms
+from kem_port.transfer import bulk_io
+from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu.calls import FileParts, KernelCall
+from kem_port.gpu.calls import KernelCall
+from kem_port.transfer.file_inputs import FileParts
 from kem_port.gpu.executor import Executor
-from kem_port.shm import MAX_PARTS, READ_LATE, SharedMemory, write_result
+from kem_port.transfer.shm import MAX_PARTS, READ_LATE, SharedMemory, write_result
 from kem_port.stats import Stats
 from executor_helpers import run_double, reason_of
 
@@ -42,12 +44,12 @@ def executor(request):
 
 def write_parts(directory: Path, name: str, data: bytes, cuts: list[int]) -> list:
     """data cut at `cuts` into files name.0, name.1, ...; their paths as
-    the node sends them (binaries)."""
+    transfer/shm.py takes them (bytes)."""
     paths, bounds = [], [0, *cuts, len(data)]
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
         path = directory / f"{name}.{k}"
         path.write_bytes(data[a:b])
-        paths.append(terms.to_term(str(path).encode()))
+        paths.append(str(path).encode())
     return paths
 
 
@@ -92,7 +94,7 @@ def test_parts_are_refused_when_out_of_bounds(shm_dir, tmp_path):
     assert reason_of(memory.read_input, [paths[0]] * (MAX_PARTS + 1)) == "bad_args"
     outside = tmp_path / "outside"
     outside.write_bytes(b"x")
-    assert reason_of(memory.read_input, [paths[0], terms.to_term(str(outside).encode())]) == "bad_args"
+    assert reason_of(memory.read_input, [paths[0], str(outside).encode()]) == "bad_args"
     assert reason_of(memory.read_input, [paths[0], 7]) == "bad_args"
 
 
@@ -111,7 +113,7 @@ def test_a_planted_input_part_is_refused_at_once(shm_dir, tmp_path, planted):
     memory = SharedMemory(shm_dir, 1 << 20)
     outcome: dict[str, str | None] = {}
     reader = threading.Thread(target=lambda: outcome.update(
-        reason=reason_of(memory.read_input, [terms.to_term(str(shm_dir / "p.0").encode()), terms.to_term(str(target).encode())])), daemon=True)
+        reason=reason_of(memory.read_input, [str(shm_dir / "p.0").encode(), str(target).encode()])), daemon=True)
     reader.start()
     reader.join(5)
     assert not reader.is_alive(), "the reader blocked"
@@ -163,7 +165,7 @@ def test_through_the_port_parts_in_and_out(shm_dir, rng):
     with start_port(KEM_SHM_DIR=str(shm_dir)) as port:
         for size, out_size in [(READ_LATE * 3 + 5, READ_LATE * 3 + 7), (READ_LATE + 2, 1001)]:
             data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-            ins = [bytes(p.value) for p in write_parts(shm_dir, "slot.in", data, [size // 3, size // 2, 3 * size // 4])]
+            ins = write_parts(shm_dir, "slot.in", data, [size // 3, size // 2, 3 * size // 4])
             outs = [str(shm_dir / f"slot.out.{k}").encode() for k in range(4)]
             got = port.call("execute", b"double", (terms.atom("shm"), ins),
                             {"output_shm": outs, "output_size": out_size})
@@ -178,7 +180,7 @@ def test_a_debug_call_reads_its_file_inputs(shm_dir, rng):
     size = READ_LATE + 3
     data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
     (shm_dir / "one.in").write_bytes(data)
-    parts = [bytes(p.value) for p in write_parts(shm_dir, "dbg", data, [size // 2])]
+    parts = write_parts(shm_dir, "dbg", data, [size // 2])
     with start_port(KEM_SHM_DIR=str(shm_dir)) as port:
         for value in (str(shm_dir / "one.in").encode(), parts):
             result, records = port.call("execute", b"double", (terms.atom("shm"), value),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
-from kem_port.gpu.slot_kernel import Refused, rewrite, slot_uniform
+from kem_port.gpu.group.slot_kernel import Refused, rewrite, slot_uniform
 
 VEC4_SCALE = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;

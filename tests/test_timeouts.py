@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.client import PortClient, PortError
 
 ID = "A" * 43  # the shape of an Arweave ID

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kem_port import terms
+from kem_port.wire import terms
 from kem_port.gpu.dispatch import DispatchLimits, plan_dispatch
 from kem_port.errors import KemError
-from kem_port.framing import FrameWriter, OversizedFrame, read_frame
-from kem_port.gpu.wgsl_reflect import EntryPoint, reflect
+from kem_port.wire.framing import FrameWriter, OversizedFrame, read_frame
+from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, reflect
 
 
 @settings(max_examples=200, deadline=None)
@@ -156,7 +156,7 @@ def test_reflection_reads_entry_points_and_bindings():
 
 
 def _train(sizer, cost_of, rounds=400):
-    from kem_port.batching import BatchSizer  # noqa: F401
+    from kem_port.port.batching import BatchSizer  # noqa: F401
 
     for _ in range(rounds):
         n = sizer.limit()  # under load every batch arrives full
@@ -165,7 +165,7 @@ def _train(sizer, cost_of, rounds=400):
 
 
 def test_batch_sizer_finds_the_cliff():
-    from kem_port.batching import BatchSizer
+    from kem_port.port.batching import BatchSizer
 
     # The H200's measured shape: cheaper per call up to 16, a cliff at 32.
     h200 = {1: 280, 2: 184, 4: 96, 8: 67, 16: 55, 32: 347, 64: 183, 128: 98, 256: 66}

@@ -10,7 +10,7 @@ from conftest import start_port
 from reference import double as double_ref
 
 from kem_port.client import PortError
-from kem_port.terms import atom_name
+from kem_port.wire.terms import atom_name
 
 BROKEN = "@compute @workgroup_size(1) fn main() { let x: u32 = ; }\n"
 

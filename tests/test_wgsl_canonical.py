@@ -19,8 +19,8 @@ from conftest import start_port
 from kem_port.admission.zeroing import zero_workgroup_memory
 from kem_port.client import PortError
 from kem_port.errors import KemError
-from kem_port.gpu.slot_kernel import rewrite
-from kem_port.gpu.wgsl_canonical import canonical, identifier_count, position, sequence_count, tokens
+from kem_port.gpu.group.slot_kernel import rewrite
+from kem_port.gpu.wgsl.wgsl_canonical import canonical, identifier_count, position, sequence_count, tokens
 from kem_port.kernel_store import DirectoryStore, source_from_bytes
 
 LINE_BREAKS = {"LF": "\n", "VT": "\v", "FF": "\f", "CR": "\r", "NEL": "\u0085", "LS": "\u2028", "PS": "\u2029"}

@@ -8,7 +8,7 @@ import pytest
 import wgpu
 
 from kem_port.client import PortError
-from kem_port.gpu.wgsl_reflect import reflect
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
 # (declarations, uniform type, bytes by WGSL's uniform layout rules)
 CASES = [

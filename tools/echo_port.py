@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import os
 
-from kem_port.stdio_guard import claim_protocol_fds
+from kem_port.wire.stdio_guard import claim_protocol_fds
 
 
 def main() -> int:
     in_fd, out_fd = claim_protocol_fds()
-    from kem_port.batch_frames import split_calls
-    from kem_port.framing import FrameWriter, read_frame
-    from kem_port.group_frames import read_fields, req_ids_of
+    from kem_port.wire.batch_frames import split_calls
+    from kem_port.wire.framing import FrameWriter, read_frame
+    from kem_port.wire.group_frames import read_fields, req_ids_of
 
     from kem_port.config import Config
-    from kem_port.stdio_guard import input_waiting, spin_for_input
+    from kem_port.wire.stdio_guard import input_waiting, spin_for_input
 
     answer = answerer()
     writer = FrameWriter(out_fd)
@@ -61,8 +61,8 @@ def echo_group(writer, req_ids: list[int], inputs: memoryview) -> None:
 
 def answerer():
     """Answers one request frame (imported late: stdout is claimed first)."""
-    from kem_port import terms
-    from kem_port.protocol import version_info
+    from kem_port.wire import terms
+    from kem_port.wire.protocol import version_info
 
     def answer(writer, frame: bytes) -> None:
         _, req_id, method, args = terms.decode(frame)[:4]  # a 5th element: the call's timeout

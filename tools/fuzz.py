@@ -21,8 +21,8 @@ import time
 
 import erlang
 
-from kem_port import terms
-from kem_port.framing import HEADER
+from kem_port.wire import terms
+from kem_port.wire.framing import HEADER
 
 A = terms.atom
 B = terms.Binary

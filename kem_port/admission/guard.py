@@ -42,8 +42,8 @@ from kem_port.gpu.calls import KernelCall
 from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
 from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
-from kem_port.gpu.wgsl_reflect import reflect
-from kem_port.gpu.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
+from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import zero_workgroup_memory
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_calls import call_graph, expanded_sizes, reachable
-from kem_port.gpu.wgsl_reflect import _parser, parse_int_literal
+from kem_port.gpu.wgsl.wgsl_calls import call_graph, expanded_sizes, reachable
+from kem_port.gpu.wgsl.wgsl_reflect import _parser, parse_int_literal
 
 MAX_SOURCE_BYTES = 1 << 20  # KEM_MAX_KERNEL_BYTES' default
 MAX_TREE_DEPTH = 400  # ~130 nested parentheses (3 tree levels each), 400 chained terms

@@ -22,7 +22,7 @@ Limits (admission/guard.py reads the way the worker died):
   wall time from a compile but cannot make it burn CPU. SIGXCPU kills.
 """
 
-from kem_port.stdio_guard import claim_protocol_fds
+from kem_port.wire.stdio_guard import claim_protocol_fds
 
 import json
 import math
@@ -70,7 +70,7 @@ def compile_kernel(device: Any, request: dict) -> dict:
         return {"ok": False, "reason": "shader_error", "detail": str(exc)[:4000]}
     from kem_port.admission.first_dispatch import bindings_of, dispatch_once
     from kem_port.gpu.contract import layout_entries
-    from kem_port.gpu.wgsl_reflect import reflect
+    from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
     try:
         shape = reflect(request["code"])
@@ -109,7 +109,7 @@ def on_small_stack(fn, *args) -> Any:
 
 
 def serve(in_fd: int, out_fd: int) -> int:
-    from kem_port.framing import FrameWriter, read_frame
+    from kem_port.wire.framing import FrameWriter, read_frame
     from kem_port.admission.first_dispatch import compiles_at_dispatch
     from kem_port.admission.probe import open_device, workgroup_memory_leaks
 
@@ -149,7 +149,7 @@ def fail_for_test(fault: str) -> bool:
 
 
 def main() -> int:
-    from kem_port.stdio_guard import exit_on_hangup
+    from kem_port.wire.stdio_guard import exit_on_hangup
 
     in_fd, out_fd = claim_protocol_fds()
     # Not die_with_parent: Linux ties that to the thread that started us, and

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kem_port.errors import KemError
-from kem_port.framing import HEADER, read_frame
+from kem_port.wire.framing import HEADER, read_frame
 
 log = logging.getLogger("kem_port.admission.worker_client")
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
-from kem_port.gpu.wgsl_reflect import _attributes, _parser
+from kem_port.gpu.wgsl.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
+from kem_port.gpu.wgsl.wgsl_reflect import _attributes, _parser
 from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
 _WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({IDENT})\s*:\s*([^;]+);")

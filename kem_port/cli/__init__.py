@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from kem_port import runtime_dir
+from kem_port.port import runtime_dir
 from kem_port.cli import adapters_cmd, check_cmd, publish_cmd, run_cmd
 from kem_port.cli.console import Console, CliError
 

@@ -20,7 +20,7 @@ from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
 
 if TYPE_CHECKING:  # the module is reached at run time through api.gpu_layer()
-    from kem_port.gpu.wgsl_reflect import KernelShape
+    from kem_port.gpu.wgsl.wgsl_reflect import KernelShape
 
 PLACEHOLDER_PARAMS = bytes(16)  # compiles a params kernel when none are given
 ROLES = {(0, 0): "input", (0, 1): "output", (0, 2): "params"}

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import wgpu
 
 from kem_port.gpu.buffer_pool import BufferPool
-from kem_port.gpu import call_table
-from kem_port.gpu.group_stage import canary_fill, dispatch_slots, gather, slots_intact
+from kem_port.gpu.group import call_table
+from kem_port.gpu.group.group_stage import canary_fill, dispatch_slots, gather, slots_intact
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
 from kem_port.gpu.hot_path import HotPath

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kem_port.gpu.calls import Job
-from kem_port.gpu.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_calls import may_loop
 
 
 def loop_key(job: Job) -> tuple[str, str] | None:

@@ -17,7 +17,7 @@ import wgpu
 
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
-from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape
+from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape
 
 GROUP = 0
 INPUT, OUTPUT, PARAMS, TABLE = 0, 1, 2, 3

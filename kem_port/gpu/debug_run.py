@@ -16,7 +16,8 @@ import struct
 import wgpu
 
 from kem_port.gpu import contract
-from kem_port.gpu.calls import FILE_INPUTS, FileInput, FileParts, Job
+from kem_port.gpu.calls import Job
+from kem_port.transfer.file_inputs import FILE_INPUTS, FileInput, FileParts
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.plan import prepare
 

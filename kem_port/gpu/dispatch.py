@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kem_port.errors import KemError, too_large
-from kem_port.gpu.wgsl_reflect import EntryPoint
+from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint
 
 
 @dataclass(frozen=True)

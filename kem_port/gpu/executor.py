@@ -27,8 +27,8 @@ from kem_port.errors import KemError
 from kem_port.gpu.batch import Flight, Stages
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.device import Device
-from kem_port.gpu import call_table, group_table
-from kem_port.gpu.group_job import GroupJob
+from kem_port.gpu.group import call_table, group_table
+from kem_port.gpu.group.group_job import GroupJob
 from kem_port.gpu.lone_road import LoneRoad
 from kem_port.gpu.pipelines import Pipelines, gpu_message
 from kem_port.gpu.plan import BatchPreparer, Prepared

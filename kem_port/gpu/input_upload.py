@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kem_port.gpu.calls import FileInput, FileParts
+from kem_port.transfer.file_inputs import FileInput, FileParts
 
 # An `item` here is a plan.Prepared (plan imports this module).
 

@@ -43,7 +43,7 @@ from kem_port.gpu.lone_kit import Kit
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.pipelines import Pipelines
 from kem_port.gpu.plan import prepare
-from kem_port.gpu.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.stats import Stats
 
 KIT_LIMIT = 64 * 1024  # inputs and outputs up to this size get a kit (run_inline's SMALL_CALL)

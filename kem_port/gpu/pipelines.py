@@ -19,9 +19,9 @@ import wgpu
 from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
-from kem_port.gpu.slot_dispatch import SlotForms
+from kem_port.gpu.group.slot_dispatch import SlotForms
 from kem_port.gpu.wgpu_private import serial_of
-from kem_port.gpu.wgsl_reflect import EntryPoint, KernelShape, reflect
+from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
 

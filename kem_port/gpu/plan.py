@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from kem_port.gpu import call_table, contract, group_table
-from kem_port.gpu.calls import FILE_INPUTS, Job
-from kem_port.gpu.chain_budget import ChainBudget
+from kem_port.gpu.group import call_table, group_table
+from kem_port.gpu import contract
+from kem_port.gpu.calls import Job
+from kem_port.transfer.file_inputs import FILE_INPUTS, PACK_LIMIT
+from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.input_upload import pack_slots, upload_file, write_padded, write_slots
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.pipelines import Pipeline, Pipelines
 
-PACK_LIMIT = 256 * 1024  # inputs up to this size are packed into one upload
 # Past a plain group's output in each slot: 4 canary words
 # (group_stage.CANARY_BYTES), then the slot form's spare element (a vec4 at
 # most, 16 bytes) at the slot's end.

@@ -1,0 +1,136 @@
+"""Where a kernel uses its two bindings, and each use redirected into a
+call's slot (the half of gpu/slot_kernel.py's rewrite that reads the parse
+tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` indexes
+``output[kem_out(u32(e))]``, ``arrayLength(&x)`` the call's own length.
+Anything else refuses the rewrite, and so does a use the WGSL lexer finds
+that the walk did not handle (the grammar reads some valid WGSL as ERROR).
+Everything here reads the kernel's canonical text (gpu/wgsl_canonical.py):
+no comments, so no text for the tree and naga to disagree on.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tree_sitter import Node
+
+from kem_port.gpu.wgsl.wgsl_reflect import _walk as walk
+
+
+class Refused(Exception):
+    """The kernel is not rewritten; the message says why (logged at debug)."""
+
+
+class Edits:
+    """Non-overlapping (start, end, text) replacements on the source bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.spans: list[tuple[int, int, bytes]] = []
+
+    def replace(self, start: int, end: int, text: str) -> None:
+        self.spans.append((start, end, text.encode("utf-8")))
+
+    def apply(self) -> bytes:
+        out, at = [], 0
+        for start, end, text in sorted(self.spans, key=lambda s: (s[0], s[1])):
+            if start < at:
+                raise Refused("overlapping rewrites")
+            out += [self.data[at:start], text]
+            at = end
+        return b"".join(out + [self.data[at:]])
+
+
+def element_type(code: bytes, name: str) -> str:
+    """T of ``var<storage, ...> name: array<T>`` (runtime-sized), as text
+    without spaces; read from the text, since the grammar does not read
+    every element type (atomic<u32>)."""
+    found = declaration(code, name)
+    if found is None:
+        raise Refused(f"binding {name} is not a runtime-sized array")
+    depth, at = 1, found.end()
+    while at < len(code) and depth:
+        depth += {60: 1, 62: -1}.get(code[at], 0)  # '<' and '>'
+        at += 1
+    inner = b"".join(code[found.end() : at - 1].split()).decode()
+    if depth or not inner or _top_level_comma(inner):
+        raise Refused(f"binding {name} is not a runtime-sized array")
+    return inner
+
+
+def declaration(code: bytes, name: str) -> re.Match | None:
+    """Where ``name: array<`` is written (the binding's declaration)."""
+    return re.search(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"\s*:\s*array\s*<", code)
+
+
+def _top_level_comma(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            return True
+    return False
+
+
+def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits) -> int:
+    """Redirect every use of binding `name` into the slot; return how many."""
+    handled = 0
+    for node in walk(root):
+        if node.type != "identifier" or node.text.decode() != name or node.start_byte == declared_at:
+            continue
+        handled += 1
+        if _array_length_call(node):
+            call = node.parent.parent.parent
+            edits.replace(call.start_byte, call.end_byte, "kem_slots.x" if is_input else "kem_slots.z")
+            continue
+        brackets = _brackets_after(node)
+        if brackets is None:
+            raise Refused(f"{node.text.decode()} is used other than through [...] or arrayLength")
+        open_, close = brackets
+        if is_input:
+            if _address_taken(node):
+                raise Refused("the input's address is taken")
+            edits.replace(node.start_byte, open_.end_byte, "kem_in_at(u32(")
+            edits.replace(close.start_byte, close.end_byte, "))")
+        else:
+            edits.replace(open_.end_byte, open_.end_byte, "kem_out(u32(")
+            edits.replace(close.start_byte, close.start_byte, "))")
+    return handled
+
+
+def _array_length_call(ident: Node) -> bool:
+    """``arrayLength(&ident)`` exactly."""
+    unary, args = ident.parent, ident.parent.parent
+    if unary.type != "unary_expression" or unary.child_count != 2 or unary.child(0).type != "&":
+        return False
+    if args is None or args.type != "argument_list_expression" or args.named_child_count != 1:
+        return False
+    call = args.parent
+    return call is not None and call.type == "type_constructor_or_function_call_expression" and call.child(0).text == b"arrayLength"
+
+
+def _brackets_after(ident: Node) -> tuple[Node, Node] | None:
+    """The '[' and its ']' that index ``ident`` directly (``ident[e]``), as
+    an expression (subscript_expression) or an assignment's left side
+    (lhs_expression + postfix_expression)."""
+    parent = ident.parent
+    if parent.type == "subscript_expression" and parent.child(0) == ident:
+        kids = parent.children
+        if len(kids) == 4 and kids[1].type == "[" and kids[3].type == "]":
+            return kids[1], kids[3]
+        return None
+    sibling = ident.next_sibling
+    if parent.type == "lhs_expression" and sibling is not None and sibling.type == "postfix_expression":
+        kids = sibling.children
+        if len(kids) >= 3 and kids[0].type == "[" and kids[2].type == "]":
+            return kids[0], kids[2]
+    return None
+
+
+def _address_taken(ident: Node) -> bool:
+    node = ident.parent
+    while node is not None and node.type in ("subscript_expression", "composite_value_decomposition_expression", "parenthesized_expression"):
+        node = node.parent
+    return node is not None and node.type == "unary_expression" and node.child(0).type == "&"
+
+

@@ -1,0 +1,186 @@
+"""A kernel's call graph, read off the tree-sitter tree kem already builds:
+which functions an entry point reaches, whether any of them loops, and
+how large its code would be with every call inlined.
+
+WGSL has no recursion (the call graph is a DAG) and no goto, so a kernel
+runs long only through a loop statement (``loop``, ``for``, ``while``) or
+a large dispatch; an entry point whose reachable code has none runs each
+invocation in bounded time (docs/executor.md, "What runs on the reader").
+
+A call site is any identifier naming a declared function inside another
+function's body: tree-sitter's WGSL grammar reads a call statement
+(``f(&a);``) as a broken assignment, so the call expression node alone
+would miss it. Counting every such identifier can only over-count (a local
+named like a function), which errs on the safe side for both questions.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from tree_sitter import Node
+
+from kem_port.errors import KemError
+from kem_port.gpu.wgsl.wgsl_canonical import sequence_in, token_values
+from kem_port.gpu.wgsl.wgsl_reflect import _parser
+
+LOOP_WORDS = frozenset({"loop", "for", "while"})  # reserved words: never an identifier in valid WGSL
+# Line breaks other than LF (WGSL's list): tree-sitter ends a line comment
+# only at LF, naga at any of these, so such a comment may hide code.
+ODD_BREAKS = frozenset("\r\v\f\x85\u2028\u2029")
+STAGES = (b"compute", b"vertex", b"fragment")
+
+
+@dataclass
+class CallGraph:
+    own_nodes: dict[str, int] = field(default_factory=dict)  # syntax nodes of each function's declaration
+    calls: dict[str, list[str]] = field(default_factory=dict)  # callee names, one per call site
+    loops: set[str] = field(default_factory=set)  # functions whose own code has a loop statement
+    entries: list[str] = field(default_factory=list)  # functions with a stage attribute
+    opaque: bool = False  # a parse error or a comment that may hide code: trust no "no loop" answer
+
+
+def call_graph(root: Node) -> CallGraph:
+    """One iterative walk of every top-level function."""
+    graph = CallGraph()
+    functions: list[tuple[str, Node]] = []
+    for node in root.children:
+        name = _declared_name(node) if node.type == "function_declaration" else None
+        if name is not None:
+            functions.append((name, node))
+            if _is_entry(node):
+                graph.entries.append(name)
+        elif node.type == "ERROR":
+            graph.opaque = True
+    names = {name for name, _ in functions}
+    for name, node in functions:
+        graph.own_nodes[name], graph.calls[name], loops = _scan(node, names, graph)
+        if loops:
+            graph.loops.add(name)
+    if _has_suspect_comment_or_error(root):
+        graph.opaque = True
+    return graph
+
+
+def _declared_name(node: Node) -> str | None:
+    for child in node.children:
+        if child.type == "identifier":
+            return child.text.decode()
+    return None
+
+
+def _is_entry(fn: Node) -> bool:
+    for attr in fn.children:
+        if attr.type == "attribute" and any(p.type == "identifier" and p.text in STAGES for p in attr.children):
+            return True
+    return False
+
+
+def _scan(fn: Node, names: set[str], graph: CallGraph) -> tuple[int, list[str], bool]:
+    count, calls, loops = 0, [], False
+    body = [c for c in fn.children if c.type not in ("identifier", "attribute")]  # skip its own name
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        count += 1
+        if node.type in ("loop_statement", "for_statement", "while_statement"):
+            loops = True
+        if not node.children:
+            text = node.text.decode("utf-8", "replace") if node.type != "comment" else ""
+            if text in LOOP_WORDS:
+                loops = True
+            elif text in names:  # any leaf: tree-sitter reads a function named `f16` as the type keyword
+                calls.append(text)
+        stack.extend(node.children)
+    return count + 1, calls, loops
+
+
+def _has_suspect_comment_or_error(root: Node) -> bool:
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.type == "ERROR":
+            return True
+        if "comment" in node.type:
+            if any(ch in ODD_BREAKS for ch in node.text.decode("utf-8", "replace")):
+                return True
+            continue
+        stack.extend(node.children)
+    return False
+
+
+def reachable(graph: CallGraph, entry: str) -> set[str]:
+    seen = {entry}
+    stack = [entry]
+    while stack:
+        for callee in graph.calls.get(stack.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                stack.append(callee)
+    return seen
+
+
+def expanded_sizes(graph: CallGraph, cap: int) -> dict[str, int]:
+    """Each function's syntax nodes with every call inlined: its own plus,
+    per call site, the callee's expanded size; memoised in one post-order
+    walk (iterative: depth is the caller's to choose). Saturates at cap+1,
+    so a 2^40-node blow-up costs no more than one over the cap. A cycle
+    (recursion, which naga refuses) counts its back edge as 0."""
+    sizes: dict[str, int] = {}
+    for root in graph.own_nodes:
+        if root in sizes:
+            continue
+        stack: list[tuple[str, bool]] = [(root, False)]
+        on_path: set[str] = set()
+        while stack:
+            name, done = stack.pop()
+            if done:
+                on_path.discard(name)
+                total = graph.own_nodes[name] + sum(sizes.get(c, 0) for c in graph.calls[name])
+                sizes[name] = min(total, cap + 1)
+                continue
+            if name in sizes or name in on_path:
+                continue
+            on_path.add(name)
+            stack.append((name, True))
+            stack.extend((c, False) for c in set(graph.calls[name]) if c not in sizes and c not in on_path)
+    return sizes
+
+
+def _no_loop_token(text: str, entry: str) -> bool:
+    """Whether the WGSL lexer finds entry declared and no loop keyword
+    anywhere in text: then nothing loops, whatever tree-sitter parses.
+    Its grammar fails on much valid WGSL (module-scope ``const``, a
+    ``workgroupBarrier();`` statement, ``alias``): 827 of 2,489 valid
+    compute entry points of a sweep of public kernels had no loop token
+    yet were answered "may loop" (opaque) and kept off the reader."""
+    try:
+        values = token_values(text)  # one lex for both questions
+    except KemError:
+        return False
+    return sequence_in(values, ("fn", entry)) > 0 and LOOP_WORDS.isdisjoint(values)
+
+
+_MAY_LOOP: OrderedDict[tuple[str, str], bool] = OrderedDict()
+_MAY_LOOP_KEPT = 1024  # (kernel, entry) answers kept: one parse each, a few ms for a large kernel
+
+
+def may_loop(text: str, sha256: str, entry: str) -> bool:
+    """Whether entry's reachable code may loop (False when the lexer finds
+    no loop keyword at all; else True when unsure: a parse error, a
+    comment that may hide code, no such entry point). Parsed once
+    per kernel and entry point; later calls are one dict lookup."""
+    key = (sha256, entry)
+    known = _MAY_LOOP.get(key)
+    if known is not None:
+        return known
+    if _no_loop_token(text, entry):
+        answer = False
+    else:
+        graph = call_graph(_parser().parse(text.encode("utf-8")).root_node)
+        answer = graph.opaque or entry not in graph.own_nodes or bool(reachable(graph, entry) & graph.loops)
+    _MAY_LOOP[key] = answer
+    while len(_MAY_LOOP) > _MAY_LOOP_KEPT:
+        _MAY_LOOP.popitem(last=False)
+    return answer

@@ -1,0 +1,165 @@
+"""What kem needs to know about a kernel before it dispatches it.
+
+The WGSL is parsed with tree-sitter's WGSL grammar (a library parser; naga,
+which validates the shader, is not reachable from Python). We read only the
+declarations that shape a call: the entry point's stage, ``@workgroup_size``
+and builtin parameters, and each ``@group/@binding`` variable's address space
+and access mode. naga still validates the whole shader when the pipeline is
+built; this module never decides whether WGSL is valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import tree_sitter_wgsl_bevy
+from tree_sitter import Language, Node, Parser
+
+from kem_port.gpu.wgsl.wgsl_layout import UniformSizes
+
+
+@dataclass(frozen=True)
+class Binding:
+    group: int
+    binding: int
+    name: str
+    address_space: str  # "storage", "uniform", ... ("" if not written)
+    access: str  # "read", "read_write" or "" (uniform / default)
+    min_size: int | None = None  # a uniform's type size (wgsl_layout), None if unknown
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    name: str
+    stage: str | None  # "compute", "vertex", "fragment" or None
+    workgroup_size: tuple[int, int, int] | None  # None when not integer literals
+    workgroup_size_text: str
+    builtins: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    entry_points: dict[str, EntryPoint]
+    bindings: tuple[Binding, ...]
+
+    def binding(self, group: int, index: int) -> Binding | None:
+        for b in self.bindings:
+            if b.group == group and b.binding == index:
+                return b
+        return None
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Parser:
+    return Parser(Language(tree_sitter_wgsl_bevy.language()))
+
+
+def parse_int_literal(text: str) -> int | None:
+    t = text.strip().rstrip("uiUI")
+    try:
+        return int(t, 16) if t.lower().startswith("0x") else int(t, 10)
+    except ValueError:
+        return None
+
+
+def _attributes(node: Node) -> list[tuple[str, list[Node]]]:
+    attrs = []
+    for child in node.children:
+        if child.type != "attribute":
+            continue
+        name = ""
+        args: list[Node] = []
+        for part in child.children:
+            if part.type == "identifier" and not name:
+                name = part.text.decode()
+            elif part.is_named and name:
+                args.append(part)
+        attrs.append((name, args))
+    return attrs
+
+
+def _entry_point(node: Node) -> EntryPoint | None:
+    name = None
+    for child in node.children:
+        if child.type == "identifier":
+            name = child.text.decode()
+            break
+    if name is None:
+        return None
+    stage = None
+    size: tuple[int, int, int] | None = None
+    size_text = ""
+    for attr, args in _attributes(node):
+        if attr in ("compute", "vertex", "fragment"):
+            stage = attr
+        elif attr == "workgroup_size":
+            size_text = ", ".join(a.text.decode() for a in args)
+            values = [parse_int_literal(a.text.decode()) if a.type == "int_literal" else None for a in args]
+            if values and all(v is not None for v in values):
+                size = tuple((values + [1, 1])[:3])  # type: ignore[assignment]
+    return EntryPoint(name, stage, size, size_text, frozenset(_builtins(node)))
+
+
+def _builtins(fn: Node) -> list[str]:
+    found = []
+    for child in fn.children:
+        if child.type != "parameter_list":
+            continue
+        for param in child.children:
+            for attr, args in _attributes(param):
+                if attr == "builtin" and args:
+                    found.append(args[0].text.decode())
+    return found
+
+
+def _binding(node: Node, sizes: UniformSizes) -> Binding | None:
+    group = index = None
+    for attr, args in _attributes(node):
+        if attr in ("group", "binding") and args and args[0].type == "int_literal":
+            value = parse_int_literal(args[0].text.decode())
+            if attr == "group":
+                group = value
+            else:
+                index = value
+    if group is None or index is None:
+        return None
+    space = access = name = ""
+    type_node = None
+    for sub in _walk(node):
+        if sub.type == "address_space":
+            space = sub.text.decode()
+        elif sub.type == "access_mode":
+            access = sub.text.decode()
+        elif sub.type == "variable_identifier_declaration" and not name:
+            ident = sub.child(0)
+            name = ident.text.decode() if ident is not None else ""
+            type_node = next((c for c in sub.children if c.type == "type_declaration"), None)
+    min_size = sizes.size_of(type_node) if space == "uniform" else None
+    return Binding(group, index, name, space, access, min_size)
+
+
+def _walk(node: Node):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children))
+
+
+def reflect(source: str) -> KernelShape:
+    """Entry points and resource bindings declared at the top level of source."""
+    tree = _parser().parse(source.encode("utf-8"))
+    entries: dict[str, EntryPoint] = {}
+    bindings: list[Binding] = []
+    sizes = UniformSizes(tree.root_node)
+    for node in tree.root_node.children:
+        if node.type == "function_declaration":
+            ep = _entry_point(node)
+            if ep is not None:
+                entries[ep.name] = ep
+        elif node.type == "global_variable_declaration":
+            b = _binding(node, sizes)
+            if b is not None:
+                bindings.append(b)
+    return KernelShape(entries, tuple(bindings))
