@@ -36,3 +36,78 @@ def kernel_dir(tmp_path):
 
 def start_port(**env: str) -> PortClient:
     return PortClient({"KEM_TEST_HOOKS": "1", **env})
+
+
+# -- running in parallel (pytest-xdist; docs/testing.md) ----------------------
+#
+# scripts/test runs the suite in two passes: everything not marked `serial`
+# on several workers (-n, --dist loadgroup), then the `serial` tests alone.
+# The lists are kept here, by module and function name, rather than as
+# decorators in each file, so that one place says what may not overlap.
+
+# Tests that assert a wall-clock upper bound on work that needs the CPU
+# (a refusal within 0.2-2 s, a port gone within 2-15 s, a lexer linear in
+# 1 s). Beside a second worker they get about one core of this machine's
+# two instead of two: they run alone so that the bound still measures kem,
+# not the neighbour. Their margins stay as they are.
+SERIAL: dict[str, set[str]] = {
+    "test_compile_guard.py": {
+        "test_nested_doubling_refused_in_milliseconds_by_its_inlined_size",
+        "test_nested_doubling_refused_through_the_port_while_bystanders_are_served",
+    },
+    "test_faults.py": {
+        "test_port_exits_on_eof_even_inside_a_kernel_that_never_ends",
+        "test_port_exits_on_hangup_while_the_reader_itself_is_busy",
+    },
+    "test_hostile_requests.py": {"test_a_refused_term_in_a_call_is_answered_to_its_caller"},
+    "test_lone_fold.py": {"test_the_readers_spin_ends_when_a_frame_waits_or_its_time_is_up"},
+    "test_protocol.py": {"test_exit_on_eof_while_gpu_busy"},
+    "test_red_team.py": {
+        "test_a_megabyte_of_zeros_is_lexed_in_linear_time",
+        "test_a_ladder_of_structs_is_cleared_in_linear_time",
+        "test_a_long_alias_chain_is_an_answer_not_a_recursion_error",
+        "test_a_calls_explicit_workgroups_are_bounded_as_a_chain_steps_are",
+    },
+    "test_request_budgets.py": {
+        "test_a_chain_step_with_a_huge_explicit_dispatch_is_refused_naming_the_step",
+        "test_a_runaway_warm_kernel_never_holds_the_reader",
+    },
+    "test_timeouts.py": {"test_stalled_gateway_answers_timeout_naming_the_fetch_within_the_call"},
+}
+
+# Modules that write into the checkout or read what another writes there:
+# test_setup runs scripts/setup (pip install -e rewrites kem_port.egg-info,
+# rebar3 compile rewrites erlang/kem/_build/default), test_packaging builds
+# a wheel in the tree (build/, kem_port.egg-info), test_through_erlang loads
+# the beams of _build/default, test_rebar3_dependency snapshots the tracked
+# files. One worker runs them one after another (xdist_group).
+CHECKOUT_GROUP = "checkout"
+CHECKOUT_MODULES = {"test_setup.py", "test_packaging.py", "test_through_erlang.py", "test_rebar3_dependency.py"}
+
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: asserts a wall-clock bound; scripts/test runs it alone, after the parallel pass")
+    config.addinivalue_line("markers", "xdist_group(name): tests of one group run on one xdist worker (--dist loadgroup)")
+    _check_serial_names()
+
+
+def _check_serial_names() -> None:
+    """A renamed test would silently leave the serial pass: refuse to start."""
+    for module, names in SERIAL.items():
+        text = (_TESTS / module).read_text()
+        gone = sorted(n for n in names if f"def {n}(" not in text)
+        if gone:
+            raise pytest.UsageError(f"tests/conftest.py SERIAL names tests that {module} no longer has: {gone}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: marked before -m deselects by marker.
+    for item in items:
+        module = item.path.name
+        if getattr(item, "originalname", item.name) in SERIAL.get(module, ()):
+            item.add_marker(pytest.mark.serial)
+        if module in CHECKOUT_MODULES:
+            item.add_marker(pytest.mark.xdist_group(CHECKOUT_GROUP))
