@@ -155,13 +155,14 @@ def port_profile(n: int, rounds: int) -> int:
     from kem_port.admission.guard import guard_from_config
     from kem_port.wire.framing import FrameWriter
     from kem_port.kernel_store import KernelResolver
-    from kem_port.port.router import Router
+    from kem_port.port.replies import Replies
+from kem_port.port.router import Router
 
     sys.setswitchinterval(0.0002)  # as the port sets it (server.py)
     config, stats = Config.from_env(), Stats()
     executor = Executor(config, stats)
     sink = os.open(os.devnull, os.O_WRONLY)
-    router = Router(config, stats, executor, KernelResolver(default_stores(config.kernel_dir), None), FrameWriter(sink),
+    router = Router(config, stats, executor, KernelResolver(default_stores(config.kernel_dir), None), Replies(FrameWriter(sink), stats),
                     lambda: False, guard_from_config(config, stats))
     cpu: dict[str, float] = {}
     for label, owner, method in (("drain", router.loop, "_drain"), ("step", executor, "step"),

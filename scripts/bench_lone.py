@@ -72,9 +72,12 @@ EXECUTOR_STAGES = ("upload_encode", "submit", "gpu_wait", "readback")
 # The Router row's split: the frame read off its pipe, then decoded and
 # checked (and the counting around it), intake (budget, source, admission, job, inline decision), the
 # executor's road without the reply, and the reply's encoding and write.
-# On the folded road (lone_fold.py) the counters after the reply's write
+# On the reader's lone road (port/lone_call.py; lone_fold.py before) the counters after the reply's write
 # are reader_after (hidden behind the reply's trip to the node); on today's
 # road they are inside intake (0 there).
+# Modules' places in this tree's layer packages (older trees: flat).
+LAYERED = {"framing": "wire.framing", "router": "port.router", "stdio_guard": "wire.stdio_guard",
+           "replies": "port.replies", "requests": "wire.requests", "lone_fold": "port.lone_fold"}
 ROUTER_STAGES = ("reader_read", "reader_parse", "reader_intake", "gpu_road", "reader_reply", "reader_after")
 U = wgpu.BufferUsage
 
@@ -193,7 +196,13 @@ class RouterLone:
     ``--against``), with that revision's executor and stats."""
 
     def __init__(self, executor, stats, package: str = "kem_port") -> None:
-        load = lambda name: importlib.import_module(f"{package}.{name}")  # noqa: E731
+        def load(name: str):
+            """A module of this tree (layer packages) or of an older one (flat)."""
+            try:
+                return importlib.import_module(f"{package}.{LAYERED.get(name, name)}")
+            except ModuleNotFoundError:
+                return importlib.import_module(f"{package}.{name}")
+
         self.stats = stats
         config = executor.gpu.config
         self.sink = os.open(os.devnull, os.O_WRONLY)
@@ -204,7 +213,12 @@ class RouterLone:
         self.read_frame, self.header = framing.read_frame, framing.HEADER
         store = load("kernel_store")
         resolver = store.KernelResolver(store.default_stores(config.kernel_dir), None)
-        self.router = load("router").Router(config, stats, executor, resolver, framing.FrameWriter(self.sink),
+        writer = framing.FrameWriter(self.sink)
+        try:  # this tree: answers go through one Replies (port/replies.py)
+            writer = load("replies").Replies(writer, stats)
+        except ModuleNotFoundError:
+            pass
+        self.router = load("router").Router(config, stats, executor, resolver, writer,
                                             load("stdio_guard").input_waiting(self.pipe_in),
                                             load("admission.guard").guard_from_config(config, stats))
         self.router.start()
@@ -222,19 +236,23 @@ class RouterLone:
         # Where the reader's time goes, from timed points (each adds ~0.2
         # us). Today's road: intake.submit, the executor's road (run_lone,
         # or step where the revision has no kits; the reply is written
-        # inside it) and the reply's write. The folded road (lone_fold.py,
+        # inside it) and the reply's write. The reader's lone road (port/lone_call.py,
         # where the revision has it): the end of its field read, the kit's
         # call (LoneRoad.run_known) and the end of the reply's write.
         self._timed: list[float] | None = None
         self._time(self.router.intake, "submit", 0)
         self._time(executor, "run_lone" if hasattr(executor, "run_lone") else "step", 1)
-        self._time(self.router.writer, "write_result", 2)
-        self.folded = hasattr(self.router, "fold")
+        replies = getattr(self.router, "replies", None)
+        self._time(replies.writer if replies is not None else self.router.writer, "write_result", 2)
+        lone = getattr(self.router, "lone", None) or getattr(self.router, "fold", None)
+        self.folded = lone is not None
         if self.folded:
-            fold = importlib.import_module(f"{package}.lone_fold")
-            self._time(fold, "execute_kernel_fields", 3, end=True)
+            if hasattr(self.router, "reader"):  # this tree: the frame read once (wire/requests.py)
+                self._time(load("requests"), "hot_execute_kernel", 3, end=True)
+            else:
+                self._time(load("lone_fold"), "execute_kernel_fields", 3, end=True)
             self._time(executor.lone, "run_known", 4)
-            self._time(self.router.fold, "write_one", 5, end=True)
+            self._time(lone, "write_one", 5, end=True)
             self._time(executor.lone, "run_known", 6, end=True)  # wraps the timer above: when it ended
 
     def _time(self, owner, name: str, slot: int, end: bool = False) -> None:

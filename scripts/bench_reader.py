@@ -46,6 +46,7 @@ from kem_port.admission.guard import guard_from_config  # noqa: E402
 from kem_port.config import Config  # noqa: E402
 from kem_port.gpu.executor import Executor  # noqa: E402
 from kem_port.kernel_store import KernelResolver, default_stores  # noqa: E402
+from kem_port.port.replies import Replies
 from kem_port.port.router import Router  # noqa: E402
 from kem_port.stats import Stats  # noqa: E402
 
@@ -110,7 +111,7 @@ def build_router(writer_fd: int) -> tuple[Router, Stats]:
     executor = Executor(config, stats)
     executor.open()
     resolver = KernelResolver(default_stores(config.kernel_dir), None)
-    router = Router(config, stats, executor, resolver, framing.FrameWriter(writer_fd), lambda: False,
+    router = Router(config, stats, executor, resolver, Replies(framing.FrameWriter(writer_fd), stats), lambda: False,
                     guard_from_config(config, stats))
     router.start()
     return router, stats

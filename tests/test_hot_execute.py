@@ -1,5 +1,5 @@
 """The straight-off-the-bytes reading of ``{call, ReqId, execute_kernel,
-{KernelId, Input, Hint}, TimeoutMs}`` (protocol.hot_execute_kernel) gives
+{KernelId, Input, Hint}, TimeoutMs}`` (request_fast.hot_execute_kernel) gives
 exactly the call the general road (decode_request, parse_call, kernel_call)
 gives, and leaves every frame it does not accept -- a broken limit, a
 truncated or padded frame, another shape -- to that road, which answers it."""
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.wire.protocol import RequestError, hot_execute_kernel, kernel_call, parse_call
+from kem_port.wire.protocol import RequestError, kernel_call, parse_call
+from kem_port.wire.request_fast import hot_execute_kernel
 from kem_port.wire.request_fast import execute_kernel_fields
 
 CONFIG = Config(max_input_bytes=4096, max_output_bytes=16384)

@@ -1,4 +1,4 @@
-"""The folded lone road (lone_fold.py) in-process: a real Router on the real
+"""The reader's lone road (port/lone_call.py) in-process: a real Router on the real
 adapter, frames in and replies out through pipes (test_reader_lone.py's
 Reader). A hot lone call is answered off its kit with numpy's values; a
 call off the hot shape takes today's road and is answered the same; every
@@ -29,7 +29,7 @@ class Watched:
 
     def __init__(self, reader: Reader, monkeypatch) -> None:
         self.known = self.today = 0
-        lone, intake = reader.router.fold.lone, reader.router.intake
+        lone, intake = reader.router.lone.lone, reader.router.intake
         run_known, submit = lone.run_known, intake.submit
 
         def counted_known(*args):
@@ -137,8 +137,8 @@ def limited():
 def _both_roads(reader: Reader, frame: bytes, monkeypatch) -> tuple[bytes, bytes]:
     """The reply to frame with the fold on, then with it off (today's road)."""
     replies = []
-    for fold in (reader.router.fold, lambda frame: False):
-        monkeypatch.setattr(reader.router, "fold", fold)
+    for fold in (reader.router.lone, lambda frame: False):
+        monkeypatch.setattr(reader.router, "lone", fold)
         reader.send_frame(frame)
         reader.handle_next()
         replies.append(_raw_reply(reader))
@@ -188,11 +188,12 @@ def test_the_folded_reply_is_todays_for_every_req_id_form(limited, rng, monkeypa
 
 
 def test_call_state_says_running_while_the_reader_runs_a_call(reader, rng, monkeypatch):
-    """On both inline roads (the fold, and today's run_inline), asked while
-    the kit runs; unknown once it is answered."""
+    """On both branches of the reader's lone road (a hot call on its built
+    kit, and any other through the executor's lone road), asked while the
+    kit runs; unknown once it is answered."""
     states = reader.router.intake.states
     seen: list[str] = []
-    lone, executor = reader.router.fold.lone, reader.router.executor
+    lone, executor = reader.router.lone.lone, reader.router.executor
     run_known, run_lone = lone.run_known, executor.run_lone
 
     def asking_known(key, data):
@@ -207,8 +208,12 @@ def test_call_state_says_running_while_the_reader_runs_a_call(reader, rng, monke
     monkeypatch.setattr(executor, "run_lone", asking_lone)
     data = rng.integers(0, 2**32, 1, dtype=np.uint32)
     assert _ok_value(reader.call(data.tobytes()), reader.ids) == (data * np.uint32(2)).tobytes()
-    monkeypatch.setattr(reader.router, "fold", lambda frame: False)
-    assert _ok_value(reader.call(data.tobytes()), reader.ids) == (data * np.uint32(2)).tobytes()
+    reader.ids += 1  # the same call off the hot shape (execute, with options): the executor's lone road
+    opts = {terms.atom("output_size_hint"): 1}
+    args = (terms.Binary(b"double"), terms.Binary(data.tobytes()), opts)
+    reader.send_frame(terms.encode((terms.atom("call"), reader.ids, terms.atom("execute"), args, 60000)))
+    reader.handle_next()
+    assert _ok_value(reader.reply(), reader.ids) == (data * np.uint32(2)).tobytes()
     assert seen == ["running", "running"]
     assert states.describe(reader.ids)["state"] == "unknown"
 
@@ -217,7 +222,7 @@ def test_a_failed_reply_write_is_logged_and_the_road_stays_open(reader, rng, mon
     def broken(data):
         raise RuntimeError("the reply could not be written")
 
-    monkeypatch.setattr(reader.router.fold, "write_one", broken)
+    monkeypatch.setattr(reader.router.lone, "write_one", broken)
     reader.send(rng.integers(0, 2**32, 1, dtype=np.uint32).tobytes())
     reader.handle_next()
     monkeypatch.undo()

@@ -208,6 +208,23 @@ def test_a_second_caller_while_the_road_is_busy_takes_the_batch_road(executor):
     assert answer.got == []
 
 
+def run_inline(loop: GpuLoop, job: Job) -> bool:
+    """What the reader's lone road (port/lone_call.py) does around a call
+    it runs: the executor's lock without waiting, an empty queue, then
+    GpuLoop.run_held; False (nothing done) when the call must queue."""
+    if not loop.executor_lock.acquire(blocking=False):
+        return False
+    try:
+        if loop.queue.queue:
+            return False
+        loop.inline_tag = job.tag
+        loop.run_held(job)
+        return True
+    finally:
+        loop.inline_tag = None
+        loop.executor_lock.release()
+
+
 def test_lone_calls_from_many_threads_never_share_a_kit(rng, monkeypatch):
     """Eight threads call run_inline (as readers would) while the GPU
     thread runs the calls that queue: each is answered once with numpy's
@@ -254,7 +271,7 @@ def test_lone_calls_from_many_threads_never_share_a_kit(rng, monkeypatch):
 
             job = Job(KernelCall("double", data, size), source, reply=reply, fail=fail)
             results.append((data, got))
-            if not loop.run_inline(job):
+            if not run_inline(loop, job):
                 loop.put(job)
 
     threads = [threading.Thread(target=caller, args=(int(rng.integers(2**32)),)) for _ in range(8)]

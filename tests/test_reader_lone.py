@@ -22,6 +22,7 @@ from kem_port.config import Config
 from kem_port.wire.framing import HEADER, FrameWriter, read_frame
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
+from kem_port.port.replies import Replies
 from kem_port.port.router import Router
 from kem_port.stats import Stats
 from kem_port.wire.stdio_guard import input_waiting
@@ -42,7 +43,7 @@ class Reader:
         for fd in (self.pipe_out, replies_out):  # room for a 64 KiB call and its reply, written before they are read
             fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
         resolver = KernelResolver(default_stores(config.kernel_dir), None)
-        self.router = Router(config, self.stats, executor, resolver, FrameWriter(replies_out),
+        self.router = Router(config, self.stats, executor, resolver, Replies(FrameWriter(replies_out), self.stats),
                              input_waiting(self.pipe_in), guard_from_config(config, self.stats))
         self.router.start()
         self.ids = 0
@@ -110,7 +111,7 @@ def test_a_lone_call_runs_inline_and_answers_numpys_values(reader, rng, words):
 
 
 def test_a_failed_reply_still_gives_back_the_budget(reader, rng, monkeypatch):
-    writer = reader.router.writer
+    writer = reader.router.replies.writer
 
     def broken(req_id, payload):
         raise RuntimeError("the reply could not be written")

@@ -70,7 +70,7 @@ class CompileGuard:
         self.rejects = rejects
         self.stats = stats
         self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
-        self.admitted = self._admitted  # read by the folded lone road (lone_fold.py): one lookup, no call
+        self.admitted = self._admitted  # read by the reader's lone road (port/lone_call.py): one lookup, no call
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
         # One admitted text per kernel (sha256, cleared or not), shared by its
         # entry points and shapes: a chain names any entry point, and a copy

@@ -245,7 +245,7 @@ class Executor:
 
 
 def lone_failed(executor: Executor, job: Job, exc: Exception) -> None:
-    """A lone call's failure (Executor.run_lone, lone_fold): the caller's
+    """A lone call's failure (Executor.run_lone, port/lone_call.py): the caller's
     own error, a GPU failure (a lost device is rebuilt, its kits go too),
     or a bug answered as gpu_loop answers one on the batch road."""
     if isinstance(exc, KemError):

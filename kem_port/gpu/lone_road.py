@@ -1,6 +1,6 @@
 """A lone call's road: the kits of one executor, one per call shape.
 
-When the reader runs a lone small call (gpu_loop.run_inline: the GPU
+When the reader runs a lone small call (port/lone_call.py: the GPU
 thread idle, nothing queued), the batch road built a batch of one: a
 preparer, a plan, a flight, four pooled buffers, a packed upload, an
 encoder object, a bind group key, a map object with a new cffi handle,
@@ -18,8 +18,8 @@ failure is raised to the executor, which applies its rules
 loss rebuilds, and the kits go with the old device).
 
 **One call at a time.** A kit's buffers are never used by two calls at
-once: the road runs only inside ``GpuLoop.run_inline``, which holds the
-executor's lock for the whole call, and a call returns only once its
+once: the road runs only for a caller that holds the executor's lock (port/lone_call.py, GpuLoop.run_held)
+for the whole call, and a call returns only once its
 kit's staging buffer is read and unmapped (or the call failed and its kit
 was dropped); the GPU thread's batches take the same lock and never touch
 a kit (they use the pool). The road also holds a lock of its own, taken
@@ -118,7 +118,7 @@ class LoneRoad:
         return True
 
     def run_known(self, key: tuple, data: bytes) -> bytes | None:
-        """The folded lone call (lone_fold.py): its result off a kit already
+        """The reader's hot lone call (port/lone_call.py): its result off a kit already
         built for its shape (`key` as _run makes it, no params) on the
         current device, or None with nothing done (no such kit, the device
         changed, a call already on the road): the caller then takes the
@@ -201,7 +201,7 @@ class LoneRoad:
             return _NO_KIT
         prepared = prepare(job, self.gpu, self.pipelines)
         # A kernel that may loop never gets a kit: kits run only on the
-        # reader, which such a kernel could hold (inline_call.may_run_inline).
+        # reader, which such a kernel could hold (port/lone_call.py).
         if prepared.pipeline.tabled or may_loop(job.source.text, job.source.sha256, job.call.entry_point):
             kit: Kit | object = _NO_KIT
         else:

@@ -5,7 +5,7 @@ The batch size is learned from what landed batches cost (batching.py,
 from ``Flight.cost()``). One exception to the hand-off: a small call to a
 compiled kernel that arrives while the GPU is idle, nothing is queued and
 no other frame is waiting in the pipe runs on the reader thread itself
-(:meth:`GpuLoop.run_inline`). Waking the GPU thread cost ~400 us of a
+(port/lone_call.py, through :meth:`GpuLoop.run_held`). Waking the GPU thread cost ~400 us of a
 ~900 us small call on lavapipe (docs/executor.md); under load the pipe is
 never empty, so calls still queue and batch.
 """
@@ -50,7 +50,7 @@ class GpuLoop:
         self._gathered = gathered
         # Held by whichever thread runs the executor: the GPU thread for
         # batches, the reader for an inline call.
-        self._executor_lock = self.executor_lock = threading.Lock()  # public: the folded lone road takes it (lone_fold.py)
+        self._executor_lock = self.executor_lock = threading.Lock()  # public: the reader's lone road takes it (lone_call.py)
         self.queue: queue.Queue[Job | Control] = queue.Queue(maxsize=queue_limit)
         self.sizer = BatchSizer(max_batch)
         self._thread = threading.Thread(target=self._loop, name="kem-gpu", daemon=True)
@@ -58,8 +58,8 @@ class GpuLoop:
         # whole, never changed in place, so the reader reads it without a lock.
         self._on_gpu = OnGpu()
         self._control_tag: object = None
-        # The tag of the call the reader runs inline now (run_inline, or the
-        # folded road, lone_fold.py), set without a lock: one store each way.
+        # The tag of the call the reader runs inline now (the reader's
+        # lone road, lone_call.py), set without a lock: one store each way.
         self.inline_tag: object = None
 
     def start(self) -> None:
@@ -97,37 +97,21 @@ class GpuLoop:
             ahead += item.calls if isinstance(item, Job) else 1
         return None
 
-    def run_inline(self, job: Job) -> bool:
-        """Run a lone small call on the calling (reader) thread; False if it must queue.
-
-        The caller has checked it cannot hold the reader long (small, no
-        explicit workgroups, kernel compiled, no frame waiting). The lock
-        and the empty queue keep batches and inline calls from overtaking
-        each other.
-        """
-        if not self._executor_lock.acquire(blocking=False):
-            return False
-        try:
-            # The queue's deque read without its mutex (empty() takes it, in
-            # two Python calls): its length is read in one step under the
-            # GIL, and a put racing this check lands before or after it
-            # either way.
-            if self.queue.queue:
-                return False
-            self.inline_tag = job.tag
-            if self.executor.run_lone(job):  # its kit (gpu/lone_road.py): one reply, written at once
-                return True
-            # One gathered write for both steps (a refusal in the first, the
-            # answer in the landing): one context instead of two per call.
-            with self._gathered():
-                flight = self._step(None, [job], lone=True, gather=False)
-                if flight is not None:
-                    self._step(flight, [], gather=False)
-                    self._learn(flight)
-            return True
-        finally:
-            self.inline_tag = None
-            self._executor_lock.release()
+    def run_held(self, job: Job) -> None:
+        """A lone call on the executor's lone road (its shape's kit,
+        gpu/lone_road.py, else a batch of one), by a caller on the reader
+        that holds the executor lock and saw the queue empty
+        (port/lone_call.py): the lock and the empty queue keep batches and
+        inline calls from overtaking each other."""
+        if self.executor.run_lone(job):  # its kit: one reply, written at once
+            return
+        # One gathered write for both steps (a refusal in the first, the
+        # answer in the landing): one context instead of two per call.
+        with self._gathered():
+            flight = self._step(None, [job], lone=True, gather=False)
+            if flight is not None:
+                self._step(flight, [], gather=False)
+                self._learn(flight)
 
     def run_control_inline(self, control: Control) -> bool:
         """Run a short control action (session work, session_methods.py) on

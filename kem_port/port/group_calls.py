@@ -10,7 +10,6 @@ with numpy, the blob not copied), or as a lone reply when one slot is left.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -18,7 +17,8 @@ from kem_port.wire import log_frames
 from kem_port.wire.batch_frames import uniform_replies_frame
 from kem_port.port.budget import WorkBudget
 from kem_port.errors import KemError
-from kem_port.wire.framing import REPLIES_BYTES, REPLIES_CALLS, FrameWriter
+from kem_port.wire.framing import REPLIES_BYTES, REPLIES_CALLS
+from kem_port.port.replies import Replies
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.group.group_job import GroupJob
 from kem_port.wire.group_frames import Group
@@ -26,10 +26,10 @@ from kem_port.kernel_store import KernelSource
 
 
 def group_job(group: Group, call: KernelCall, source: KernelSource, share: int, budget: WorkBudget,
-              writer: FrameWriter, fail: Callable[[int, KemError], None]) -> GroupJob:
+              replies: Replies) -> GroupJob:
     """One job for a group's calls (intake.py): its slots answered through
     GroupAnswers, each with its own deadline (TimeoutMs 0: none)."""
-    answers = GroupAnswers(group.kernel_id, group.entries["req_id"], group.output_size, share, budget, writer, fail)
+    answers = GroupAnswers(group.kernel_id, group.entries["req_id"], group.output_size, share, budget, replies)
     timeouts = group.entries["timeout_ms"]
     deadlines = np.where(timeouts > 0, time.monotonic() + timeouts / 1000.0, np.inf)
     return GroupJob(call=call, source=source, inputs=group.inputs, slot_tags=group.req_ids, deadlines=deadlines,
@@ -38,9 +38,9 @@ def group_job(group: Group, call: KernelCall, source: KernelSource, share: int, 
 
 class GroupAnswers:
     def __init__(self, kernel_id: str, req_ids: np.ndarray, output_size: int, share: int, budget: WorkBudget,
-                 writer: FrameWriter, fail: Callable[[int, KemError], None]) -> None:
+                 replies: Replies) -> None:
         self.kernel_id, self.req_ids, self.output_size = kernel_id, req_ids, output_size
-        self.share, self.budget, self.writer, self.fail = share, budget, writer, fail
+        self.share, self.budget, self.replies = share, budget, replies
         # Results per replies frame: within the node's 1 MiB and 256 (framing.py).
         self.per_frame = max(1, min(REPLIES_CALLS, REPLIES_BYTES // output_size))
 
@@ -53,13 +53,13 @@ class GroupAnswers:
             chunk = req_ids[start : start + step]
             data = blob[start * size : (start + len(chunk)) * size]
             if len(chunk) == 1:
-                self.writer.write_result(int(chunk[0]), data)
+                self.replies.write_result(int(chunk[0]), data)
             else:
-                self.writer.write(uniform_replies_frame(chunk, size, data))
+                self.replies.write(uniform_replies_frame(chunk, size, data))
 
     def fail_slots(self, slots: np.ndarray, error: KemError) -> None:
         """Each of `slots` hears `error` on its own."""
         self.budget.give_many(len(slots), len(slots) * self.share)
         log_frames.kernel_failed(self.kernel_id, error)
         for req_id in self.req_ids[slots].tolist():
-            self.fail(req_id, error)
+            self.replies.error(req_id, error)

@@ -34,18 +34,15 @@ def fallback_reason(info: dict, config: Config) -> str | None:
 
 
 class Health:
-    def __init__(self, executor: Executor, config: Config) -> None:
+    def __init__(self, executor: Executor, config: Config, open_error: BaseException | None = None) -> None:
+        """How opening the device went (`open_error`: why it failed), said at the right level."""
         self.executor = executor
         self.config = config
         self.open_error: str | None = None
-
-    def opened(self, error: BaseException | None) -> None:
-        """Record how opening the device went and say so at the right level."""
-        if error is not None:
-            self.open_error = " ".join(str(error).split())  # wgpu's are multi-line
+        if open_error is not None:
+            self.open_error = " ".join(str(open_error).split())  # wgpu's are multi-line
             log.error("no usable adapter: %s", self.open_error)
             return
-        self.open_error = None
         reason = fallback_reason(self.executor.info, self.config)
         if reason is not None and not self.config.adapter:
             log.warning("falling back to a CPU adapter: %s", reason)

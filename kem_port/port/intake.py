@@ -8,8 +8,9 @@
 3. **Admission** (admission/guard.py): a known pipeline costs one dict
    lookup; a new one waits for the sacrificial compile on an admission
    thread, never on the reader or the GPU thread.
-4. **Enqueue** on the GPU loop, or a lone small call run inline
-   (inline_call.py; gpu_loop.py says why); a full queue is ``overloaded`` at once.
+4. **Enqueue** on the GPU loop; a full queue is ``overloaded`` at once.
+   (A lone small call the reader may run itself never gets here:
+   lone_call.py runs it before the router hands a call to intake.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kem_port.port import debug_calls
 from kem_port.wire import log_frames
@@ -30,21 +31,18 @@ from kem_port.port.budget import WorkBudget
 from kem_port.port.call_state import CallStates
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.wire.framing import FrameWriter
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.port.group_calls import group_job
 from kem_port.wire.group_frames import Group
 from kem_port.port.gpu_loop import BATCH_BYTES, GpuLoop, QueueFull
-from kem_port.port.inline_call import may_run_inline, run_lone
+from kem_port.port.replies import Replies
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.stats import Stats
 
 log = logging.getLogger("kem_port.intake")
 
 FETCH_THREADS = 16
-Reply = Callable[[int, KernelCall, memoryview], None]
-Fail = Callable[[int, KemError], None]
 
 
 class Deadline(NamedTuple):
@@ -76,16 +74,14 @@ class Once:
 
 class Intake:
     def __init__(self, config: Config, stats: Stats, executor: Executor, resolver: KernelResolver, loop: GpuLoop,
-                 guard: CompileGuard | None, reply: Reply, fail: Fail, input_waiting: Callable[[], bool],
-                 writer: FrameWriter) -> None:
+                 guard: CompileGuard | None, replies: Replies, input_waiting: Callable[[], bool]) -> None:
         self.config, self.stats, self.executor, self.resolver, self.loop = config, stats, executor, resolver, loop
-        self.guard, self.reply, self.fail, self.input_waiting = guard, reply, fail, input_waiting
+        self.guard, self.replies, self.input_waiting = guard, replies, input_waiting
+        self.reply, self.fail = replies.result, replies.error  # bound once: every call's answer
         self.budget = WorkBudget(config.queue_limit, config.queue_bytes)
         self._fetchers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="kem-fetch")
         self._admitters = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kem-admit")
         self.states = CallStates(loop)  # where a call is, for call_state
-        self.reply_value: Callable[[int, Any], None] | None = None  # set by the router: debug calls' answers
-        self.writer = writer  # group jobs answer many at once (group_calls.py)
         # Inside together() (the reader, one calls frame): kernel sources
         # found so far, and the jobs that go to the GPU queue at its end.
         self._sources: dict[str, KernelSource] | None = None
@@ -150,7 +146,7 @@ class Intake:
             source = self._resolve_local(group.kernel_id)
             admitted = source if source is None or self.guard is None else self.guard.is_admitted(source, call)
             if admitted is not None:
-                self.loop.put(group_job(group, call, admitted, share, self.budget, self.writer, self.fail))
+                self.loop.put(group_job(group, call, admitted, share, self.budget, self.replies))
                 self.stats.inc("group_jobs")
                 return
         except QueueFull:
@@ -182,7 +178,7 @@ class Intake:
             return
         admitted = self.guard.is_admitted(source, call) if self.guard is not None else source
         if admitted is not None:
-            self._enqueue(req_id, call, admitted, release, deadline, may_inline=True)
+            self._enqueue(req_id, call, admitted, release, deadline, on_reader=True)
         else:
             self._admitters.submit(self._later, req_id, call, release, lambda: source, deadline)
 
@@ -227,12 +223,7 @@ class Intake:
         self.fail(req_id, error)
 
     def _enqueue(self, req_id: int, call: KernelCall, source: KernelSource, release: Callable[[], None],
-                 deadline: Deadline, may_inline: bool = False) -> None:
-        if may_inline and self._held is None and not call.debug:
-            if may_run_inline(call, source, self.executor, self.input_waiting) and run_lone(
-                    self.loop, self.stats, self.reply, self.fail, req_id, call, source, release, deadline.at):
-                return
-            may_inline = False  # weighed here: it queues
+                 deadline: Deadline, on_reader: bool = False) -> None:
 
         def answer(view: memoryview) -> None:
             release()
@@ -244,16 +235,16 @@ class Intake:
             self.fail(req_id, error)
 
         job = Job(call=call, source=source, reply=answer, fail=refuse, tag=req_id, deadline=deadline.at)
-        if call.debug and self.reply_value is not None:
-            reply_value = self.reply_value
+        if call.debug:
+            ok = self.replies.ok
 
             def answer_debug(value: tuple[bytes, dict]) -> None:
                 release()
-                reply_value(req_id, value)
+                ok(req_id, value)
 
             debug_calls.enqueue(self.loop, req_id, job, answer_debug)
             return
-        if may_inline and self._held is not None:
+        if on_reader and self._held is not None:
             self._held.append(job)  # on the reader, in together(): queued at its end
             return
         try:

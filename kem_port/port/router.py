@@ -1,13 +1,13 @@
-"""Every request's road through the port: decode, check, route, reply.
+"""Every request's road through the port: read once, routed, answered.
 
-A frame is decoded and its envelope checked; quick methods (ping, hello,
-version, stats, config, adapter_info) are answered on the reader thread.
-Frames are bounded before they are decoded (etf_guard.py). Kernel calls
-are checked (protocol.py) and handed to intake.py: the port's work budget,
-the kernel's source (a gateway fetch on a worker thread), its admission
-(admission/guard.py) and the GPU loop (gpu_loop.py), which runs them in
-batches. Whatever is full answers ``overloaded`` at once instead of letting
-a backlog grow.
+A frame is read once into a typed request (wire/requests.py); quick
+methods (ping, hello, version, stats, config, adapter_info, health,
+call_state) are answered on the reader thread; a lone small kernel call
+may run inline on it (lone_call.py); other kernel calls go to intake.py
+(the port's work budget, the kernel's source, its admission, the GPU
+loop); sessions and chains to session_methods.py. Every answer goes down
+through one Replies (replies.py). Whatever is full answers ``overloaded``
+at once instead of letting a backlog grow.
 """
 
 from __future__ import annotations
@@ -16,35 +16,24 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kem_port.transfer import shm
-from kem_port.wire import terms
-from kem_port.port import test_hooks, warm
-from kem_port.wire import group_frames
-from kem_port.wire.batch_frames import is_calls_frame, split_calls
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.wire.framing import FrameWriter
-from kem_port.port.health import Health
-from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.port.gpu_loop import GpuLoop
-from kem_port.port.intake import Intake
 from kem_port.kernel_store import KernelResolver
-from kem_port.port.lone_fold import LoneFold
+from kem_port.port import test_hooks, warm
+from kem_port.port.gpu_loop import GpuLoop
+from kem_port.port.health import Health
+from kem_port.port.intake import Intake
+from kem_port.port.lone_call import LoneCall
+from kem_port.port.replies import Replies
 from kem_port.port.session_methods import SessionMethods
-from kem_port.wire.protocol import (
-    INLINE_METHODS,
-    KERNEL_METHODS,
-    version_info,
-    Call,
-    RequestError,
-    Shm,
-    hot_execute_kernel,
-    kernel_call,
-    parse_call,
-)
 from kem_port.stats import Stats
+from kem_port.transfer import shm
+from kem_port.wire import terms
+from kem_port.wire.protocol import INLINE_METHODS, RequestError, Shm, version_info
+from kem_port.wire.requests import CallsRequest, GroupRequest, KernelRequest, MethodRequest, Refused, Request, RequestReader
+from kem_port.wire.session_requests import BufferRequest, ChainRequest
 
 log = logging.getLogger("kem_port.router")
 
@@ -56,179 +45,147 @@ class Router:
         stats: Stats,
         executor: Executor,
         resolver: KernelResolver,
-        writer: FrameWriter,
+        replies: Replies,
         input_waiting: Callable[[], bool] = lambda: True,
         guard: CompileGuard | None = None,
+        open_error: BaseException | None = None,
     ) -> None:
-        self.config = config
-        self.stats = stats
-        self.executor = executor
-        self.resolver = resolver
-        self.writer = writer
+        self.config, self.stats, self.executor, self.resolver, self.replies = config, stats, executor, resolver, replies
         self.input_waiting = input_waiting
         memory = shm.SharedMemory(config.shm_dir, config.max_input_bytes)
-        self.shm = Shm(read_input=memory.read_input, output_path=memory.path)
-        self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, writer.gathered)
-        self.intake = Intake(config, stats, executor, resolver, self.loop, guard, self._reply_result, self.reply_error, input_waiting, writer)
-        self.session_methods = SessionMethods(self.loop, executor, resolver, self.intake.fetch_pool, self, guard)  # docs/sessions.md
-        self.health = Health(executor, config)
-        self.intake.reply_value = self.reply_ok  # debug calls answer a term (debug_calls.py)
-        self.fold = LoneFold(self, input_waiting)  # the hot lone call's road, folded (lone_fold.py)
+        self.reader = RequestReader(config, Shm(read_input=memory.read_input, output_path=memory.path))
+        self.loop = GpuLoop(executor, config.queue_limit, config.max_batch, replies.gathered)
+        self.intake = Intake(config, stats, executor, resolver, self.loop, guard, replies, input_waiting)
+        self.session_methods = SessionMethods(config, stats, self.loop, executor, resolver, self.intake.fetch_pool,
+                                              replies, input_waiting, guard)  # docs/sessions.md
+        self.health = Health(executor, config, open_error)
+        self.lone = LoneCall(stats, self.intake, self.loop, executor, resolver, replies, input_waiting)
 
     def start(self) -> None:
         self.loop.start()
 
-    # -- replies ----------------------------------------------------------
-
-    def reply_ok(self, req_id: Any, result: Any) -> None:
-        self.writer.write([terms.ok_reply(req_id, result)])
-
-    def reply_error(self, req_id: Any, error: KemError) -> None:
-        self.stats.error(error.reason)
-        self.writer.write([terms.error_reply(req_id, error.reason, error.detail)])
-
-    def _reply_result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
-        if call.output_path is None:
-            self.writer.write_result(req_id, view)
-            return
-        # The reply carries only the size of the file the result went to.
-        try:
-            shm.write_result(call.output_path, view)
-        except KemError as exc:
-            self.reply_error(req_id, exc)
-            return
-        self.writer.write([terms.ok_reply(req_id, (terms.atom("shm"), call.output_path, len(view)))])
-
     # -- reader thread ----------------------------------------------------
 
     def handle_frame(self, frame: bytes) -> None:
-        """One frame off the pipe: a request, or a calls frame of many
-        (batch_frames.py), each of whose requests is read as a frame of its
-        own; their kernel calls reach the GPU queue together."""
-        if self.fold(frame):
-            return
-        calls = split_calls(frame) if is_calls_frame(frame) else None
-        if calls is None:
-            if self._handle_request(frame):
+        """One frame off the pipe, read once (wire/requests.py) and routed:
+        a calls frame's requests reach the GPU queue together."""
+        request = self.reader.read(frame)
+        if type(request) is KernelRequest:
+            if not self.lone(request):  # run inline and counted there, else its road from intake on
+                self._kernel(request)
                 self.stats.count_on_reader("calls")
             return
-        self.writer.replies_frames = True
+        if type(request) is not CallsRequest:
+            self._route(request)
+            return
+        self.replies.node_sends_batches()
         self.stats.inc("calls_frames")
-        hot = 0
         with self.intake.together():
-            for request in calls:
-                hot += self._handle_request(request)
-        self.stats.inc("calls", hot)  # one lock for the frame's hot calls, not one each
+            for item in request.requests:
+                self._route(item)
 
-    def _handle_request(self, frame: bytes) -> bool:
-        """Answer or queue one request; True for a hot execute_kernel call the caller counts in ``calls``."""
-        if group_frames.is_group_frame(frame):  # an item of a calls frame: read as at the top
-            self._handle_group(frame)
-            return False
-        req_id: Any = None
-        hot_call = False
-        try:
-            hot = hot_execute_kernel(frame, self.config)
-            if hot is not None:
-                req_id, hot_call = hot[0], True
-                self.intake.submit(*hot)
-                return True
-            term = terms.decode_request(frame)
-            group = group_frames.fields_of_term(term)  # a group frame in another spelling
-            if group is not None:
-                self._submit_group(group)
-                return False
-            call = parse_call(term)
-            req_id = call.req_id
+    def _route(self, request: Request) -> None:
+        """Answer or queue one request of any kind but a calls frame."""
+        kind = type(request)
+        if kind is KernelRequest:
+            self._kernel(request)
             self.stats.inc("calls")
-            self._route(call)
-        except RequestError as exc:
-            self.reply_error(exc.req_id, exc.error)
-        except KemError as exc:  # a refused frame may name its ReqId (etf_guard)
-            self.reply_error(getattr(exc, "req_id", None) if req_id is None else req_id, exc)
+        elif kind is MethodRequest:
+            self.stats.inc("calls")
+            self._method(request)
+        elif kind is BufferRequest or kind is ChainRequest:
+            self.stats.inc("calls")
+            self._session(request)
+        elif kind is GroupRequest:
+            self._group(request)
+        else:
+            if request.enveloped:
+                self.stats.inc("calls")
+            self.refuse_all(request.req_ids, request.error)
+
+    def _kernel(self, request: KernelRequest) -> None:
+        try:
+            self.intake.submit(request.req_id, request.call, request.deadline, request.timeout_s)
+        except KemError as exc:
+            self.replies.error(request.req_id, exc)
         except Exception:  # never let one request take the port down
             log.exception("internal error")
-            self.reply_error(req_id, KemError("internal", "internal error (details in the node's log)"))
-        return hot_call
+            self.replies.internal(request.req_id)
 
-    def _handle_group(self, frame: bytes) -> None:
+    def _group(self, request: GroupRequest) -> None:
         """A group frame (group_frames.py): N calls checked once; a refusal holds for all N."""
-        try:
-            fields = group_frames.read_fields(frame)
-            if fields is None:  # a spelling the narrow reader does not take
-                fields = group_frames.fields_of_term(terms.decode_request(frame))
-            if fields is None:
-                raise KemError("bad_request", "expected {group, KernelId, Hint, Entries, Inputs}")
-            self._submit_group(fields)
-        except KemError as exc:  # the frame names no caller it can be sure of
-            self.reply_error(getattr(exc, "req_id", None), exc)
-        except Exception:
-            log.exception("internal error")
-            self.reply_error(None, KemError("internal", "internal error (details in the node's log)"))
-
-    def _submit_group(self, fields: group_frames.GroupFields) -> None:
-        self.writer.replies_frames = True
+        group = request.group
+        self.replies.node_sends_batches()
         self.stats.inc("group_frames")
-        try:
-            group = group_frames.check(fields, self.config)  # KemError: no caller named (to undefined)
-        except group_frames.GroupRefused as exc:
-            self.refuse_all(exc.req_ids, exc.error)
-            return
         try:
             with self.intake.together():
                 self.intake.submit_group(group)
         except KemError as exc:  # the budget refused the group as a whole
             self.refuse_all(group.req_ids, exc)
             return
+        except Exception:
+            log.exception("internal error")
+            self.refuse_all(group.req_ids, KemError("internal", "internal error (details in the node's log)"))
+            return
         self.stats.inc("calls", group.n)
 
-    def refuse_all(self, req_ids: list[int], error: KemError) -> None:
-        with self.writer.gathered():  # one write for all N refusals
-            for req_id in req_ids:
-                self.reply_error(req_id, error)
+    def refuse_all(self, req_ids: list, error: KemError) -> None:
+        if len(req_ids) == 1:
+            self.replies.error(req_ids[0], error)
+        else:
+            self.replies.refuse_all(req_ids, error)
 
-    def _route(self, call: Call) -> None:
-        req_id, method, args = call.req_id, call.method, call.args
-        if method in KERNEL_METHODS:
-            kcall = kernel_call(method, args, self.config, self.shm)
-            try:
-                self.intake.submit(req_id, kcall, call.deadline, call.timeout_s)
-            except KemError as exc:
-                raise RequestError(req_id, exc) from None
-        elif method in INLINE_METHODS:
-            self._inline(req_id, method, args)
-        elif not self.session_methods.handle(req_id, method, args):
-            raise RequestError(req_id, KemError("unknown_method", f"no method {method!r}"))
+    def _session(self, request: BufferRequest | ChainRequest) -> None:
+        self._answered(request.req_id, lambda: self.session_methods.handle(request))  # docs/sessions.md
+
+    def _method(self, request: MethodRequest) -> None:
+        req_id, method, args = request.req_id, request.method, request.args
+        if method not in INLINE_METHODS:
+            self.replies.error(req_id, KemError("unknown_method", f"no method {method!r}"))
+            return
+        self._answered(req_id, lambda: self._inline(req_id, method, args))
+
+    def _answered(self, req_id: int, run: Callable[[], None]) -> None:
+        """`run`, its failure answered to req_id, never raised."""
+        try:
+            run()
+        except RequestError as exc:
+            self.replies.error(exc.req_id, exc.error)
+        except KemError as exc:
+            self.replies.error(req_id, exc)
+        except Exception:  # never let one request take the port down
+            log.exception("internal error")
+            self.replies.internal(req_id)
 
     def _inline(self, req_id: int, method: str, args: tuple) -> None:
         if method == "test_hook":
-            test_hooks.handle(self, req_id, args)
+            test_hooks.handle(self.config, self.loop, self.intake.guard, self.replies, req_id, args)
             return
         if method == "warm":  # compile kernels before serving (warm.py)
-            return warm.request(req_id, args, self.resolver, self.loop, self.intake.guard, self.reply_ok, self.reply_error)
+            return warm.request(req_id, args, self.resolver, self.loop, self.intake.guard, self.replies)
         if method == "call_state":
             if len(args) != 1:
                 raise RequestError(req_id, KemError("bad_args", "call_state takes {ReqId}"))
-            self.reply_ok(req_id, self.intake.states.describe(args[0]))
+            self.replies.ok(req_id, self.intake.states.describe(args[0]))
             return
         if args != ():
             raise RequestError(req_id, KemError("bad_args", f"{method} takes {{}}"))
         if method == "ping":
-            self.reply_ok(req_id, terms.atom("pong"))
+            self.replies.ok(req_id, terms.atom("pong"))
         elif method == "hello":
-            self.reply_ok(req_id, b"Hello world!")
+            self.replies.ok(req_id, b"Hello world!")
         elif method == "version":
-            self.reply_ok(req_id, version_info())
+            self.replies.ok(req_id, version_info())
         elif method == "adapter_info":
             if not self.executor.info:
                 raise RequestError(req_id, KemError("no_adapter", "no GPU adapter is open"))
-            self.reply_ok(req_id, self.executor.adapter_info_json({"kem": self.describe_config()}))
+            self.replies.ok(req_id, self.executor.adapter_info_json({"kem": self.describe_config()}))
         elif method == "health":
-            self.reply_ok(req_id, self.health.describe())
+            self.replies.ok(req_id, self.health.describe())
         elif method == "stats":
-            self.reply_ok(req_id, self.stats.snapshot(self._live_stats()))
+            self.replies.ok(req_id, self.stats.snapshot(self._live_stats()))
         elif method == "config":
-            self.reply_ok(req_id, self.describe_config())
+            self.replies.ok(req_id, self.describe_config())
 
     def describe_config(self) -> dict:
         return describe_config(self.config, self.resolver)

@@ -26,6 +26,7 @@ from kem_port.wire.framing import HEAD_KEPT, FrameWriter, OversizedFrame, read_f
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, default_stores
 from kem_port.port.native_stderr import CapturedStderr, forward
+from kem_port.port.replies import Replies
 from kem_port.port.router import Router
 from kem_port.stats import Stats
 from kem_port.wire.stdio_guard import die_with_parent, exit_on_hangup, input_waiting, spin_for_input
@@ -50,15 +51,15 @@ def start_error(writer: FrameWriter, captured: CapturedStderr | None, reason: st
     return 2
 
 
-def refuse_too_large(router: Router, head: bytes, detail: str) -> None:
+def refuse_too_large(replies: Replies, head: bytes, detail: str) -> None:
     """A frame over the size limit: every caller of a group frame hears
     too_large, or the caller a ``{call, ReqId, ...}`` head names."""
     error = KemError("too_large", detail)
     req_ids = req_ids_in_head(head)
     if not req_ids:  # no group, or one whose Entries name nobody: as any unreadable frame
-        router.reply_error(peek_req_id(head), error)
+        replies.error(peek_req_id(head), error)
         return
-    router.refuse_all(req_ids, error)
+    replies.refuse_all(req_ids, error)
 
 
 def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> int:
@@ -90,8 +91,8 @@ def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> in
     threading.stack_size(PORT_THREAD_STACK)
     resolver = KernelResolver(default_stores(config.kernel_dir), build_remote(config, stats))
     waiting = input_waiting(in_fd)
-    router = Router(config, stats, executor, resolver, writer, waiting, guard_from_config(config, stats))
-    router.health.opened(open_error)
+    replies = Replies(writer, stats)
+    router = Router(config, stats, executor, resolver, replies, waiting, guard_from_config(config, stats), open_error)
     router.start()
     limit = max(config.max_frame_bytes, MAX_CALLS_FRAME_BYTES)
     spin_s = config.read_spin_us / 1e6
@@ -102,13 +103,13 @@ def serve(in_fd: int, out_fd: int, captured: CapturedStderr | None = None) -> in
             try:
                 frame = read_frame(in_fd, limit)
             except OversizedFrame as exc:
-                refuse_too_large(router, exc.head, str(exc))
+                refuse_too_large(replies, exc.head, str(exc))
                 continue
             if frame is None:
                 break
             if len(frame) > config.max_frame_bytes and not (is_calls_frame(frame) or is_group_frame(frame)):
                 # Read whole only because calls and group frames may be this large.
-                refuse_too_large(router, frame[:HEAD_KEPT], str(OversizedFrame(len(frame), config.max_frame_bytes)))
+                refuse_too_large(replies, frame[:HEAD_KEPT], str(OversizedFrame(len(frame), config.max_frame_bytes)))
                 continue
             router.handle_frame(frame)
     except (BrokenPipeError, ConnectionResetError):

@@ -26,6 +26,7 @@ from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
+from kem_port.port.replies import Replies
 from kem_port.wire.protocol import ENTRY_POINT, KERNEL_ID, RequestError
 from kem_port.wire.terms import atom_name, binary_bytes
 
@@ -76,7 +77,7 @@ def pinned_shapes(resolver: KernelResolver) -> list[Shape]:
 
 
 def request(req_id: int, args: tuple, resolver: KernelResolver, loop: GpuLoop, guard: CompileGuard | None,
-            reply: Callable[[int, Any], None], fail: Callable[[int, KemError], None]) -> None:
+            replies: Replies) -> None:
     """The ``warm`` method: the given shapes and the pinned ones, admitted
     (admission/guard.py: a worker round trip each, so on a thread of its
     own, never the reader or the GPU thread) and then compiled on the GPU
@@ -89,9 +90,9 @@ def request(req_id: int, args: tuple, resolver: KernelResolver, loop: GpuLoop, g
     def admit_then_compile() -> None:
         ready, skipped = _admit_all(shapes, resolver, guard)
         try:
-            loop.put(warm_action(ready, skipped, resolver, lambda counts: reply(req_id, counts)))
+            loop.put(warm_action(ready, skipped, resolver, lambda counts: replies.ok(req_id, counts)))
         except QueueFull:
-            fail(req_id, KemError("overloaded", "the GPU queue is full"))
+            replies.error(req_id, KemError("overloaded", "the GPU queue is full"))
 
     threading.Thread(target=admit_then_compile, name="kem-warm", daemon=True).start()
 

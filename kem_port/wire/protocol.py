@@ -17,14 +17,12 @@ from typing import Any
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
-from kem_port.wire.request_fast import execute_kernel_fields
+from kem_port.wire.request_fast import MAX_REQ_ID
 from kem_port.wire.terms import atom_name, binary_bytes
 
 # Used with fullmatch: "$" also matches before a trailing newline.
 KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-KERNEL_ID_BYTES = re.compile(rb"[A-Za-z0-9_-]{1,128}")  # KERNEL_ID on the raw bytes (hot_execute_kernel)
 ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-MAX_REQ_ID = (1 << 64) - 1
 PROTOCOL_VERSION = 4  # 3: calls and replies frames (batch_frames.py); 4: group frames (group_frames.py); answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook", "warm")
@@ -68,35 +66,6 @@ def parse_call(term: Any) -> Call:
         return Call(req_id, name, args)
     timeout_s = _call_timeout(req_id, term[4])
     return Call(req_id, name, args, timeout_s, time.monotonic() + timeout_s)
-
-
-def hot_execute_kernel(frame: bytes, config: Config) -> tuple[int, KernelCall, float, float] | None:
-    """(ReqId, call, deadline, timeout_s) of a frame that is exactly a valid
-    ``{call, ReqId, execute_kernel, {KernelId, Input, Hint}, TimeoutMs}``
-    within kem's limits, read straight off the bytes
-    (request_fast.execute_kernel_fields); None for any other frame,
-    including one that breaks a limit: decode_request, parse_call and
-    kernel_call then read it and give the exact refusal. Every check here
-    is theirs: the ReqId and TimeoutMs ranges, the kernel id's characters,
-    the input and output sizes before anything is allocated. The hot shape
-    is bounded by construction (no lists, maps or deep nesting), so the
-    etf_guard walk has nothing to refuse in it."""
-    fields = execute_kernel_fields(frame)
-    if fields is None:
-        return None
-    req_id, kernel_id, data, hint, timeout_ms = fields
-    if not (
-        req_id <= MAX_REQ_ID
-        and 0 < timeout_ms <= MAX_REQ_ID
-        and 0 < hint <= config.max_output_bytes
-        and len(data) <= config.max_input_bytes
-        and len(data) * hint <= config.max_output_bytes
-        and KERNEL_ID_BYTES.fullmatch(kernel_id)
-    ):
-        return None
-    timeout_s = timeout_ms / 1000.0
-    call = KernelCall(kernel_id.decode("ascii"), data, len(data) * hint)
-    return req_id, call, time.monotonic() + timeout_s, timeout_s
 
 
 def _call_timeout(req_id: int, value: Any) -> float:

@@ -27,12 +27,19 @@ every ETF spelling against the guard's walk.
 
 from __future__ import annotations
 
+import re
 import struct
+import time
 from typing import Any
 
 import erlang
 
+from kem_port.config import Config
+from kem_port.gpu.calls import KernelCall
 from kem_port.wire.etf_guard import MAX_ARITY, MAX_ATOM, MAX_DEPTH, MAX_INT_BYTES, MAX_NODES
+
+MAX_REQ_ID = (1 << 64) - 1
+KERNEL_ID_BYTES = re.compile(rb"[A-Za-z0-9_-]{1,128}")  # protocol.KERNEL_ID on the raw bytes
 
 _VERSION = 131
 _SMALL_INTEGER = 97
@@ -159,7 +166,7 @@ def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | 
     hot_execute_kernel's checks and the KernelCall) against 6.5 us for
     decode_hot's walk plus parse_call and kernel_call on the same frame
     (timeit on the dev machine). The values are unchecked: the
-    caller (protocol.hot_execute_kernel) applies kem's limits."""
+    caller (hot_execute_kernel) applies kem's limits."""
     for head in _EXECUTE_HEADS:
         if frame.startswith(head):
             break
@@ -228,3 +235,32 @@ def _uint_at(data: bytes, i: int) -> tuple[int, int]:
             raise _NotHot
         return end, int.from_bytes(data[i + 3 : end], "little")
     raise _NotHot
+
+
+def hot_execute_kernel(frame: bytes, config: Config) -> tuple[int, KernelCall, float, float] | None:
+    """(ReqId, call, deadline, timeout_s) of a frame that is exactly a valid
+    ``{call, ReqId, execute_kernel, {KernelId, Input, Hint}, TimeoutMs}``
+    within kem's limits, read straight off the bytes
+    (execute_kernel_fields); None for any other frame,
+    including one that breaks a limit: decode_request, parse_call and
+    kernel_call then read it and give the exact refusal. Every check here
+    is theirs: the ReqId and TimeoutMs ranges, the kernel id's characters,
+    the input and output sizes before anything is allocated. The hot shape
+    is bounded by construction (no lists, maps or deep nesting), so the
+    etf_guard walk has nothing to refuse in it."""
+    fields = execute_kernel_fields(frame)
+    if fields is None:
+        return None
+    req_id, kernel_id, data, hint, timeout_ms = fields
+    if not (
+        req_id <= MAX_REQ_ID
+        and 0 < timeout_ms <= MAX_REQ_ID
+        and 0 < hint <= config.max_output_bytes
+        and len(data) <= config.max_input_bytes
+        and len(data) * hint <= config.max_output_bytes
+        and KERNEL_ID_BYTES.fullmatch(kernel_id)
+    ):
+        return None
+    timeout_s = timeout_ms / 1000.0
+    call = KernelCall(kernel_id.decode("ascii"), data, len(data) * hint)
+    return req_id, call, time.monotonic() + timeout_s, timeout_s
