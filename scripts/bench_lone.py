@@ -23,7 +23,7 @@ Erlang; its row splits the reader's time (read, parse, intake, the
 executor's road, the reply).
 
 ``--against REV`` adds the executor of another revision (``main``, a
-commit) in the same process, interleaved, and with ``--router`` that
+commit, or a directory holding that revision's ``kem_port/``) in the same process, interleaved, and with ``--router`` that
 revision's whole port around it too: its ``kem_port`` is exported with
 ``git archive`` into a temporary directory as a package of another name, so
 both versions run side by side on the same adapter and load. On a shared
@@ -47,6 +47,7 @@ import io
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -310,14 +311,17 @@ class AgainstLone:
     def __init__(self, rev: str, spin_us: int | None) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="kem-against-")
         package = Path(self.tmp.name) / "kem_against"
-        try:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kem_port"],
-                                     check=True, capture_output=True).stdout
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise SystemExit(f"--against {rev}: git archive failed ({exc}); run it in a git checkout that has {rev}")
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(self.tmp.name, filter="data")
-        (Path(self.tmp.name) / "kem_port").rename(package)
+        if (Path(rev) / "kem_port").is_dir():  # a tree of that revision (a machine without the repository)
+            shutil.copytree(Path(rev) / "kem_port", package, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            try:
+                archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "kem_port"],
+                                         check=True, capture_output=True).stdout
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise SystemExit(f"--against {rev}: git archive failed ({exc}); run it in a git checkout that has {rev}")
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(self.tmp.name, filter="data")
+            (Path(self.tmp.name) / "kem_port").rename(package)
         for source in package.rglob("*.py"):
             source.write_text(re.sub(r"\bkem_port\b", "kem_against", source.read_text()))
         sys.path.insert(0, self.tmp.name)

@@ -50,8 +50,8 @@ def test_hot_reading_is_the_general_reading_or_none(req_id, kernel, data, hint, 
     if hot is None:
         return  # the general road answers it (an error, a 4-tuple without timeout, or a valid call)
     assert not isinstance(want, Exception), f"hot path accepted what the general road refuses: {want}"
-    req_id_hot, call, deadline, timeout_s = hot
-    assert (req_id_hot, call, timeout_s) == want
+    req_id_hot, call, deadline, timeout_s, is_hot = hot
+    assert (req_id_hot, call, timeout_s) == want and is_hot is True
     assert deadline > 0
 
 
@@ -70,7 +70,8 @@ def test_node_bytes_take_the_hot_path():
     # term_to_binary({call, 300, execute_kernel, {<<"double">>, <<"abcd">>, 1}, 60000}) from OTP 25
     frame = bytes([131, 104, 5, 100, 0, 4, 99, 97, 108, 108, 98, 0, 0, 1, 44, 100, 0, 14]) + b"execute_kernel" + bytes(
         [104, 3, 109, 0, 0, 0, 6]) + b"double" + bytes([109, 0, 0, 0, 4]) + b"abcd" + bytes([97, 1, 98, 0, 0, 234, 96])
-    req_id, call, _, timeout_s = hot_execute_kernel(frame, CONFIG)
+    req_id, call, _, timeout_s, hot = hot_execute_kernel(frame, CONFIG)
+    assert hot is True
     assert (req_id, call.kernel_id, call.input, call.output_size, timeout_s) == (300, "double", b"abcd", 4, 60.0)
 
 

@@ -53,7 +53,7 @@ from kem_port.port.intake import Intake
 from kem_port.port.replies import Replies
 from kem_port.stats import Stats
 from kem_port.wire import log_frames
-from kem_port.wire.requests import KernelRequest
+from kem_port.wire.request_types import KernelRequest
 from kem_port.wire.terms import ok_binary_frame
 
 log = logging.getLogger("kem_port.lone_call")

@@ -26,57 +26,21 @@ by the next, never twice by one.
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Union
+from typing import Any, Union
 
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu.calls import KernelCall
 from kem_port.wire import group_frames, terms
 from kem_port.wire.batch_frames import split_calls
 from kem_port.wire.protocol import KERNEL_METHODS, RequestError, Shm, kernel_call, parse_call
 from kem_port.wire.request_fast import hot_execute_kernel
+from kem_port.wire.request_types import CallsRequest, GroupRequest, KernelRequest, MethodRequest, Refused
 from kem_port.wire.session_protocol import SESSION_METHODS
 from kem_port.wire.session_requests import BufferRequest, ChainRequest, read_session
 
 log = logging.getLogger("kem_port.router")
 
 INTERNAL = "internal error (details in the node's log)"
-
-
-class KernelRequest(NamedTuple):
-    """A kernel call (hot: read by the narrow reader, so a plain call:
-    bytes in, no params, options or file)."""
-
-    req_id: int
-    call: KernelCall
-    deadline: float | None
-    timeout_s: float | None
-    hot: bool
-
-
-class MethodRequest(NamedTuple):
-    req_id: int
-    method: str
-    args: tuple
-    deadline: float | None
-
-
-class GroupRequest(NamedTuple):
-    group: group_frames.Group
-
-
-class CallsRequest(NamedTuple):
-    requests: list
-
-
-class Refused(NamedTuple):
-    """Each of req_ids hears error (``[None]``: the frame names nobody it
-    can be sure of); enveloped: a ``{call, ...}`` envelope was read whole
-    (counted in ``calls``, as a request that was then refused)."""
-
-    req_ids: list
-    error: KemError
-    enveloped: bool = False
 
 
 Request = Union[KernelRequest, BufferRequest, ChainRequest, MethodRequest, GroupRequest, CallsRequest, Refused]
@@ -92,7 +56,7 @@ class RequestReader:
         """The typed request a frame holds; never raises."""
         hot = hot_execute_kernel(frame, self.config)
         if hot is not None:
-            return KernelRequest(*hot, True)
+            return hot
         items = split_calls(frame)  # None: not a well-formed calls frame, read as one request (and refused)
         if items is not None:
             return CallsRequest([self._one(item) for item in items])
@@ -104,7 +68,7 @@ class RequestReader:
             if group_frames.is_group_frame(frame):
                 return self._group(group_frames.read_fields(frame) or self._group_term(frame))
             if not tried_hot and (hot := hot_execute_kernel(frame, self.config)) is not None:
-                return KernelRequest(*hot, True)
+                return hot
             term = terms.decode_request(frame)
             fields = group_frames.fields_of_term(term)  # a group frame in another spelling
             if fields is not None:
