@@ -8,6 +8,14 @@ stats under their lock a dozen times; ~35 us of a ~150 us call on
 lavapipe. Here a call finds its shape's kit (gpu/lone_kit.py: kernel
 pipeline, input, output and params sizes) in a small LRU and runs on it.
 
+**Why a second submission code.** One road would run a lone call as a
+batch of one (Executor.step); the kit is kept beside it because it buys
+far more than the 10% that would justify it: on the lent H100, in one
+process and interleaved (scripts/bench_lone.py --router, issue 28), the
+batch of one took 294-336 us p50 and the kit 88-104 us, and the port's
+whole lone call 110-133 us on the kit. Everything else (groups, slot
+forms, call tables) is a plan on the batch road.
+
 **Checks.** A kit is built by the batch road's own ``plan.prepare``
 (binding limits, the pipeline and its params size, the call table, the
 dispatch), whose verdict depends on the shape alone, so a kit's calls pass
