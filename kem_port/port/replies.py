@@ -9,6 +9,7 @@ hooks); none of them holds the router or calls back up into it
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -20,6 +21,9 @@ from kem_port.stats import Stats
 from kem_port.transfer import shm
 from kem_port.wire import terms
 from kem_port.wire.framing import FrameWriter
+from kem_port.wire.protocol import RequestError
+
+log = logging.getLogger("kem_port.router")
 
 INTERNAL = "internal error (details in the node's log)"
 
@@ -55,6 +59,19 @@ class Replies:
     def internal(self, req_id: Any) -> None:
         """An unexpected failure, logged by the caller: the node hears no internals."""
         self.error(req_id, KemError("internal", INTERNAL))
+
+    def answering(self, req_id: int, run: Callable[[], None]) -> None:
+        """`run`, its failure answered to req_id (a RequestError to the ReqId
+        it names), never raised: one request never takes the port down."""
+        try:
+            run()
+        except RequestError as exc:
+            self.error(exc.req_id, exc.error)
+        except KemError as exc:
+            self.error(req_id, exc)
+        except Exception:
+            log.exception("request %s failed", req_id)
+            self.internal(req_id)
 
     def refuse_all(self, req_ids: list[int], error: KemError) -> None:
         """The same refusal to many callers, in one write."""

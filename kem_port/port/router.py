@@ -137,26 +137,14 @@ class Router:
             self.replies.refuse_all(req_ids, error)
 
     def _session(self, request: BufferRequest | ChainRequest) -> None:
-        self._answered(request.req_id, lambda: self.session_methods.handle(request))  # docs/sessions.md
+        self.replies.answering(request.req_id, lambda: self.session_methods.handle(request))  # docs/sessions.md
 
     def _method(self, request: MethodRequest) -> None:
         req_id, method, args = request.req_id, request.method, request.args
         if method not in INLINE_METHODS:
             self.replies.error(req_id, KemError("unknown_method", f"no method {method!r}"))
             return
-        self._answered(req_id, lambda: self._inline(req_id, method, args))
-
-    def _answered(self, req_id: int, run: Callable[[], None]) -> None:
-        """`run`, its failure answered to req_id, never raised."""
-        try:
-            run()
-        except RequestError as exc:
-            self.replies.error(exc.req_id, exc.error)
-        except KemError as exc:
-            self.replies.error(req_id, exc)
-        except Exception:  # never let one request take the port down
-            log.exception("internal error")
-            self.replies.internal(req_id)
+        self.replies.answering(req_id, lambda: self._inline(req_id, method, args))
 
     def _inline(self, req_id: int, method: str, args: tuple) -> None:
         if method == "test_hook":

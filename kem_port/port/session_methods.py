@@ -150,20 +150,8 @@ class SessionMethods:
     # -- running and answering ----------------------------------------------
 
     def _answering(self, req_id: int, run: Callable[[], None]) -> Callable[[], None]:
-        """`run` on a fetch thread, its failure answered to the caller."""
-
-        def guarded() -> None:
-            try:
-                run()
-            except RequestError as exc:
-                self.replies.error(exc.req_id, exc.error)
-            except KemError as exc:
-                self.replies.error(req_id, exc)
-            except Exception:
-                log.exception("session fetch failed")
-                self.replies.internal(req_id)  # the node's log has the trace
-
-        return guarded
+        """`run` (on a fetch thread), its failure answered to the caller."""
+        return lambda: self.replies.answering(req_id, run)
 
     def _submit(self, req_id: int, work: Work, small: bool = False) -> None:
         """Run `work` on the GPU thread, or on this one when it is small and

@@ -201,15 +201,22 @@ def kernel_call(method: str, args: tuple, config: Config, shm: Shm = NO_SHM) -> 
     raise KemError("unknown_method", method)
 
 
-def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config, shm: Shm) -> KernelCall:
-    if not isinstance(opts, dict):
-        raise bad_args("Opts must be a map")
+def options(value: Any, known: tuple[str, ...], map_name: str, key_name: str) -> dict[str, Any]:
+    """A map of atom keys, each one of `known`, by key name; bad_args
+    naming the map (`map_name`) or the unknown key (`key_name`) otherwise."""
+    if not isinstance(value, dict):
+        raise bad_args(f"{map_name} must be a map")
     named: dict[str, Any] = {}
-    for key, value in opts.items():
+    for key, item in value.items():
         name = atom_name(key)
-        if name not in EXECUTE_OPTS:
-            raise bad_args(f"unknown option {key!r}; known: {', '.join(EXECUTE_OPTS)}")
-        named[name] = value
+        if name not in known:
+            raise bad_args(f"unknown {key_name} {key!r}; known: {', '.join(known)}")
+        named[name] = item
+    return named
+
+
+def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config, shm: Shm) -> KernelCall:
+    named = options(opts, EXECUTE_OPTS, "Opts", "option")
     if "output_size" in named and "output_size_hint" in named:
         raise bad_args("give output_size or output_size_hint, not both")
     if "output_size" in named:

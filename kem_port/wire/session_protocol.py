@@ -15,6 +15,7 @@ from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.session.chain_plan import StepError
 from kem_port.gpu.session.sessions import check_name
+from kem_port.wire import protocol
 from kem_port.wire.protocol import _entry_point, _kernel_id, _params, _workgroups
 from kem_port.wire.terms import atom_name, binary_bytes
 
@@ -81,15 +82,7 @@ def arity(args: tuple, n: int, shape: str) -> None:
 
 
 def options(value: Any, known: tuple[str, ...], what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise bad_args(f"{what} must be a map")
-    named: dict[str, Any] = {}
-    for key, item in value.items():
-        key_name = atom_name(key)
-        if key_name not in known:
-            raise bad_args(f"unknown {what} key {key!r}; known: {', '.join(known)}")
-        named[key_name] = item
-    return named
+    return protocol.options(value, known, what, f"{what} key")
 
 
 def open_quota(args: tuple) -> int | None:
