@@ -9,7 +9,6 @@ every other failure as ``{error, {Reason, Detail}}`` (docs/sessions.md).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor as Threads
@@ -31,7 +30,6 @@ from kem_port.wire.session_requests import BufferRequest, ChainRequest
 from kem_port.port.replies import Replies
 from kem_port.stats import Stats
 
-log = logging.getLogger("kem_port.session_methods")
 INLINE_STEPS = 16
 OK = terms.atom("ok")
 Work = Callable[[], Any]
