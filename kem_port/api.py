@@ -195,6 +195,10 @@ class Runner:
         pipeline = self.compile(source, call)
         return gpu.plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits(self.executor))
 
+    def dispatch_rule(self, source: KernelSource, call: KernelCall) -> str:
+        """Which rule sizes this call's dispatch (docs/dispatch.md): workgroups, image, 1-D, or none."""
+        return gpu_layer().dispatch_rule(self.compile(source, call).entry, call.workgroups)
+
     def execute_debug(self, source: KernelSource, call: KernelCall) -> tuple[bytes, dict]:
         """Run one call made with ``debug=True``: its output and the records
         its kernel wrote to the debug channel (docs/debug.md)."""

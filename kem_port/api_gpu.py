@@ -21,6 +21,7 @@ class GpuLayer(NamedTuple):
     choose_adapter: Callable[[str | None], Any]
     reflect: Callable[[str], Any]
     plan_dispatch: Callable[..., tuple[int, int, int]]
+    dispatch_rule: Callable[[Any, Any], str]  # (entry, workgroups) -> the rule's name
     compile: Callable[[Any, KernelSource, KernelCall], Any]  # (executor, source, call) -> Pipeline
     dispatch_limits: Callable[[Any], Any]  # executor -> DispatchLimits
     run_debug: Callable[[Any, Any], tuple[bytes, dict]]  # (executor, job) -> (output, records); docs/debug.md
@@ -37,6 +38,7 @@ def gpu_layer() -> GpuLayer:
         choose_adapter=device.choose_adapter,
         reflect=wgsl_reflect.reflect,
         plan_dispatch=dispatch.plan_dispatch,
+        dispatch_rule=dispatch.rule_of,
         compile=lambda ex, source, call: ex.pipelines.get(ex.gpu.require(), source, call),
         dispatch_limits=lambda ex: ex.gpu.dispatch_limits,
         run_debug=debug_run.run_debug,

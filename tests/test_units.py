@@ -85,8 +85,8 @@ def test_decode_never_raises_anything_but_kemerror(data):
         assert exc.reason == "bad_frame"
 
 
-def ep(size, builtins=()):
-    return EntryPoint("main", "compute", size, "", frozenset(builtins))
+def ep(size, builtins=(), stride=None, image=False):
+    return EntryPoint("main", "compute", size, "", frozenset(builtins), stride, image)
 
 
 LIM = DispatchLimits(65535)
@@ -99,7 +99,6 @@ LIM = DispatchLimits(65535)
         ((256, 1, 1), 257 * 4, (), (2, 1, 1)),
         ((256, 1, 1), 1025 * 4, (), (5, 1, 1)),
         ((64, 1, 1), 3, (), (1, 1, 1)),
-        ((16, 16, 1), 4 * 1000, (), (4, 1, 1)),
         ((16, 16, 1), 4 * 17 * 33, (17, 33, 5), (2, 3, 1)),
         ((16, 16, 1), 17 * 33, (17, 33), (2, 3, 1)),  # one byte a pixel
         ((16, 16, 1), 4 * 2000 * 2000, (2000, 2000), (125, 125, 1)),
@@ -107,7 +106,27 @@ LIM = DispatchLimits(65535)
     ],
 )
 def test_dispatch_rule(size, out, params, expected):
-    assert plan_dispatch(ep(size), out, params, None, LIM) == expected
+    assert plan_dispatch(ep(size, image=size[1] > 1), out, params, None, LIM) == expected
+
+
+@pytest.mark.parametrize("stride, out, expected", [(2, 2 * 1000, (4, 1, 1)), (16, 16 * 1000, (4, 1, 1)), (8, 8 * 256 + 1, (2, 1, 1))])
+def test_the_1d_rule_counts_the_outputs_own_elements(stride, out, expected):
+    """An f16 output has 2-byte elements, a vec4<f32> 16: one invocation each,
+    not one per 4 bytes (half an f16 output was left unwritten before)."""
+    assert plan_dispatch(ep((256, 1, 1), stride=stride), out, (), None, LIM) == expected
+
+
+@pytest.mark.parametrize("size, params, image", [
+    ((16, 16, 1), (), False),  # a 16x16 transpose: the 1-D rule computed 768 of 3,072 outputs
+    ((16, 16, 1), (48, 64), False),  # params (rows, cols), not (width, height): the image rule crossed its axes
+    ((16, 16, 1), (), True),  # an image kernel called without its width and height
+    ((4, 4, 4), (8, 8, 8), True),  # 3-D: no default rule
+])
+def test_no_default_rule_is_guessed(size, params, image):
+    with pytest.raises(KemError) as err:
+        plan_dispatch(ep(size, image=image), 4 * 3072, params, None, LIM)
+    assert err.value.reason == "bad_args" and "workgroups" in err.value.detail and "@workgroup_size(" in err.value.detail
+    assert plan_dispatch(ep(size, image=image), 4 * 3072, params, (3, 4, 1), LIM) == (3, 4, 1)
 
 
 def test_dispatch_spills_only_for_kernels_that_can_see_it():
@@ -127,7 +146,7 @@ def test_dispatch_override_and_limits():
     with pytest.raises(KemError):
         plan_dispatch(ep(None), 4, (), None, LIM)
     with pytest.raises(KemError) as err:  # an image larger than its output
-        plan_dispatch(ep((16, 16, 1)), 64, (10**6, 10**6), None, LIM)
+        plan_dispatch(ep((16, 16, 1), image=True), 64, (10**6, 10**6), None, LIM)
     assert err.value.reason == "too_large"
 
 

@@ -62,7 +62,8 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         common.open_device(runner, console)
         console.progress(f"compiling {source.kernel_id}")
         report["adapter"] = runner.executor.info.get("name")
-        report["dispatch"] = _dispatch(runner, source, call, shape, params is None and takes_params)
+        report["dispatch_rule"] = runner.dispatch_rule(source, call)  # named even when it refuses the call
+        report["dispatch"] = _dispatch(runner, source, call, report["dispatch_rule"], params is None and takes_params)
         report["ok"] = True
     except KemError as exc:
         report.update(ok=False, reason=exc.reason, error=exc.detail)
@@ -94,14 +95,11 @@ def describe_shape(shape: KernelShape) -> dict:
     }
 
 
-def _dispatch(runner, source, call, shape: KernelShape, params_missing: bool) -> list[int] | str:
+def _dispatch(runner, source, call, rule: str, params_missing: bool) -> list[int] | str:
     """kem's workgroups for this call; a note instead when they hang on params not given."""
-    entry = shape.entry_points.get(call.entry_point)
-    groups = runner.dispatch(source, call)  # compiles: naga and the contract speak here
-    image_rule = entry is not None and entry.workgroup_size is not None and entry.workgroup_size[1] > 1
-    if params_missing and image_rule and call.workgroups is None:
-        return "set by params: (ceil(p0/wx), ceil(p1/wy), 1) for a p0 x p1 image; pass --params to see it"
-    return list(groups)
+    if params_missing and rule == "image":
+        return "set by params: (ceil(width/wx), ceil(height/wy), 1); pass --params to see it"
+    return list(runner.dispatch(source, call))  # compiles: naga and the contract speak here
 
 
 def _print(report: dict, args: argparse.Namespace) -> None:
@@ -122,7 +120,7 @@ def _print(report: dict, args: argparse.Namespace) -> None:
     if report["ok"]:
         dispatch = report["dispatch"]
         shown = f"({', '.join(map(str, dispatch))}) workgroups" if isinstance(dispatch, list) else dispatch
-        print(f"dispatch  {shown}")
+        print(f"dispatch  {shown}  (rule: {report['dispatch_rule']})")
         print(f"ok        a valid kem kernel (compiled on {report['adapter']})")
     else:
         print(f"error     {report['reason']}:", file=sys.stderr)

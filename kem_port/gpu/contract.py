@@ -13,11 +13,13 @@ binding numbers appear in this file only.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import wgpu
 
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
-from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape
+from kem_port.gpu.wgsl.wgsl_reflect import Binding, EntryPoint, KernelShape
 
 GROUP = 0
 INPUT, OUTPUT, PARAMS, TABLE = 0, 1, 2, 3
@@ -108,7 +110,24 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
     if call.params is None and uniform is not None:
         raise bad_args("the kernel reads params (@binding(2)); call it with params")
     check_params_size(shape, call.params)
-    return entry
+    if entry is None:
+        return None
+    return replace(entry, output_stride=output.element_size, image_params=image_params(uniform))
+
+
+IMAGE_FIELDS = (("width", "w"), ("height", "h"))  # the image rule's params, as kem@1.0's pixelize declares them
+
+
+def image_params(uniform: Binding | None) -> bool:
+    """Whether a kernel's params begin with an image's width and height
+    (32-bit integers named width/w, height/h): only then may the image
+    rule size its dispatch from them (gpu/dispatch.py). A GELU whose
+    params are (rows, cols) got the image rule with its axes crossed and
+    left 768 of 3,072 outputs unwritten (issue 25)."""
+    if uniform is None or len(uniform.members) < 2:
+        return False
+    return all(name.lower() in names and kind in ("u32", "i32")
+               for (name, kind), names in zip(uniform.members, IMAGE_FIELDS))
 
 
 def check_params_size(shape: KernelShape, params: bytes | None) -> None:

@@ -1,21 +1,29 @@
 """How many workgroups a call gets (docs/dispatch.md explains the rule).
 
 1. ``workgroups`` given by the caller: used as is, after a limit check.
-2. A 2-D workgroup (y > 1) with at least two param words: an image of
-   ``p0 x p1`` pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``, refused when
-   ``p0 * p1`` exceeds the output's size in bytes.
-3. Otherwise one invocation per 4-byte output element:
-   ``ceil(ceil(output_size / 4) / (wx*wy*wz))`` groups in x. Past the
+2. **image**: a 2-D workgroup (y > 1, z = 1) whose params begin with an
+   image's width and height (gpu/contract.image_params): ``p0 x p1``
+   pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``, refused when ``p0 * p1``
+   exceeds the output's size in bytes.
+3. **1-D**: a 1-D workgroup (y = z = 1): one invocation per output
+   element, counted in the output array's own elements (2 bytes an f16,
+   16 a vec4<f32>; 4 where the type is not known):
+   ``ceil(ceil(output_size / stride) / wx)`` groups in x. Past the
    per-dimension limit the groups spill into y, which only a kernel that
    declares ``@builtin(num_workgroups)`` can flatten; any other kernel is
    refused rather than run on part of its output.
+
+Any other kernel gets no default: a 2-D or 3-D workgroup that the image
+rule does not fit is refused with a ``bad_args`` that names the rules and
+asks for ``workgroups``, never run on a guess (issue 25: a 16x16
+transpose under the 1-D rule computed 768 of 3,072 outputs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kem_port.errors import KemError, too_large
+from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint
 
 
@@ -48,21 +56,49 @@ def plan_dispatch(
             "write literals or pass the workgroups option",
         )
     wx, wy, wz = entry.workgroup_size
-    if wy > 1 and len(param_words) >= 2:
-        pixels = param_words[0] * param_words[1]
-        if pixels > max(output_size, 1):
-            # Params are the caller's word: an image larger than its output
-            # would dispatch work without bound (every pixel past the output
-            # reads and writes out of range). One pixel per output byte at most.
-            raise too_large(
-                f"params describe a {param_words[0]}x{param_words[1]} image, more pixels than the output has bytes ({output_size})"
-            )
-        groups = (_ceil_div(param_words[0], wx), _ceil_div(param_words[1], wy), 1)
-        if groups[0] > top or groups[1] > top:
-            raise too_large(f"image {param_words[0]}x{param_words[1]} needs {groups[:2]} workgroups; the device allows {top} per dimension")
-        return groups
-    elements = _ceil_div(output_size, 4)
-    groups_needed = _ceil_div(elements, wx * wy * wz)
+    if wy > 1 or wz > 1:
+        return _image(entry, output_size, param_words, top)
+    return _one_d(entry, output_size, top)
+
+
+def rule_of(entry: EntryPoint | None, workgroups: tuple[int, int, int] | None) -> str:
+    """The name of the rule that sizes a call's dispatch (kem check, docs/dispatch.md)."""
+    if workgroups is not None:
+        return "workgroups"
+    if entry is None or entry.workgroup_size is None:
+        return "none: workgroups required"
+    _, wy, wz = entry.workgroup_size
+    if wy == 1 and wz == 1:
+        return "1-D"
+    return "image" if wz == 1 and entry.image_params else "none: workgroups required"
+
+
+def _image(entry: EntryPoint, output_size: int, param_words: tuple[int, ...], top: int) -> tuple[int, int, int]:
+    wx, wy, wz = entry.workgroup_size
+    if not (wz == 1 and entry.image_params and len(param_words) >= 2):
+        raise bad_args(
+            f"no default dispatch fits @workgroup_size({wx}, {wy}, {wz}): the 1-D rule covers 1-D workgroups, "
+            "and the image rule 2-D ones whose params begin width, height (u32); pass workgroups => {X, Y, Z} "
+            "(docs/dispatch.md)"
+        )
+    pixels = param_words[0] * param_words[1]
+    if pixels > max(output_size, 1):
+        # Params are the caller's word: an image larger than its output
+        # would dispatch work without bound (every pixel past the output
+        # reads and writes out of range). One pixel per output byte at most.
+        raise too_large(
+            f"params describe a {param_words[0]}x{param_words[1]} image, more pixels than the output has bytes ({output_size})"
+        )
+    groups = (_ceil_div(param_words[0], wx), _ceil_div(param_words[1], wy), 1)
+    if groups[0] > top or groups[1] > top:
+        raise too_large(f"image {param_words[0]}x{param_words[1]} needs {groups[:2]} workgroups; the device allows {top} per dimension")
+    return groups
+
+
+def _one_d(entry: EntryPoint, output_size: int, top: int) -> tuple[int, int, int]:
+    wx = entry.workgroup_size[0]
+    elements = _ceil_div(output_size, entry.output_stride or 4)
+    groups_needed = _ceil_div(elements, wx)
     if groups_needed <= top:
         return (groups_needed, 1, 1)
     if "num_workgroups" not in entry.builtins:

@@ -1,4 +1,5 @@
-"""How many bytes a uniform's type occupies, by WGSL's memory layout rules.
+"""How many bytes a uniform's type occupies, and a storage array's element
+stride, by WGSL's memory layout rules.
 
 A kernel's params are bound as a uniform that kem pads with zeros, so a
 caller who sends 8 bytes to a kernel reading a 16-byte struct used to get
@@ -8,7 +9,10 @@ the type's size known, too few params is a clear ``bad_args``.
 Only what the size needs is computed: scalars, vectors, matrices,
 fixed-size arrays and structs (WGSL spec, "Memory Layout": alignment and
 size of host-shareable types, with the uniform address space's 16-byte
-rounding of array strides and struct members). Anything else (aliases,
+rounding of array strides and struct members; a storage buffer's array
+element keeps its own stride: ``roundUp(AlignOf(E), SizeOf(E))``, which is
+what kem's 1-D dispatch rule counts output elements by: 2 bytes an
+``f16``, 16 a ``vec4<f32>`` or a ``vec3<f32>``). Anything else (aliases,
 ``@size``/``@align`` attributes, override-sized arrays) gives None: kem
 then does not check, and naga still validates the shader.
 """
@@ -47,17 +51,41 @@ def _uniform_array(element: Layout, count: int) -> Layout:
 
 
 class UniformSizes:
-    """Sizes of the types declared in one WGSL source's syntax tree."""
+    """Sizes of the types declared in one WGSL source's syntax tree, by the
+    uniform address space's rules (or, ``uniform=False``, storage's)."""
 
-    def __init__(self, root: Node) -> None:
+    def __init__(self, root: Node, uniform: bool = True) -> None:
         self._structs = {
             _name(node): node for node in root.children if node.type == "struct_declaration" and _name(node)
         }
+        self._uniform = uniform
         self._done: dict[str, Layout | None] = {}
 
     def size_of(self, type_node: Node | None) -> int | None:
         layout = self._layout(type_node, depth=0)
         return None if layout is None else layout[1]
+
+    def element_stride(self, type_node: Node | None) -> int | None:
+        """The stride of an ``array<E>`` or ``array<E, N>`` type's elements; None for anything else."""
+        if type_node is None or not type_node.children or type_node.children[0].text.decode() != "array":
+            return None
+        inner = [c for c in type_node.children if c.is_named and c.type == "type_declaration"]
+        element = self._layout(inner[0], depth=1) if len(inner) == 1 else None
+        return None if element is None else _round(element[1], element[0])
+
+    def members(self, type_node: Node | None) -> tuple[tuple[str, str], ...]:
+        """A struct type's members as (name, type text), in order; () for anything else."""
+        if type_node is None or not self._is_struct(type_node):
+            return ()
+        struct = self._structs[type_node.children[0].text.decode()]
+        found = []
+        for member in (c for c in struct.children if c.type == "struct_member"):
+            decl = next((c for c in member.children if c.type == "variable_identifier_declaration"), None)
+            if decl is None or decl.child(0) is None:
+                return ()
+            type_decl = next((c for c in decl.children if c.type == "type_declaration"), None)
+            found.append((decl.child(0).text.decode(), type_decl.text.decode() if type_decl is not None else ""))
+        return tuple(found)
 
     def _layout(self, node: Node | None, depth: int) -> Layout | None:
         if node is None or depth > 32:
@@ -85,7 +113,11 @@ class UniformSizes:
             return None  # runtime-sized or override-sized: not a uniform we can size
         element = self._layout(inner[0], depth + 1)
         count = int(counts[0].text.decode().rstrip("uiUI"), 0)
-        return None if element is None else _uniform_array(element, count)
+        if element is None:
+            return None
+        if self._uniform:
+            return _uniform_array(element, count)
+        return element[0], count * _round(element[1], element[0])
 
     def _named(self, name: str, depth: int) -> Layout | None:
         short = _SHORT_VEC.match(name)
@@ -111,7 +143,7 @@ class UniformSizes:
             if layout is None:
                 return None
             m_align, m_size = layout
-            if type_node is not None and self._is_struct(type_node):
+            if self._uniform and type_node is not None and self._is_struct(type_node):
                 m_align = _round(m_align, 16)  # uniform rule for struct members
             offset = _round(offset, m_align) + m_size
             align = max(align, m_align)

@@ -27,6 +27,8 @@ class Binding:
     address_space: str  # "storage", "uniform", ... ("" if not written)
     access: str  # "read", "read_write" or "" (uniform / default)
     min_size: int | None = None  # a uniform's type size (wgsl_layout), None if unknown
+    element_size: int | None = None  # a storage array's element stride (wgsl_layout), None if unknown
+    members: tuple[tuple[str, str], ...] = ()  # a uniform struct's (name, type) members, in order
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class EntryPoint:
     workgroup_size: tuple[int, int, int] | None  # None when not integer literals
     workgroup_size_text: str
     builtins: frozenset[str]
+    # What the contract's default dispatch rules read (gpu/contract.py sets
+    # them for the kernel's own output and params; gpu/dispatch.py).
+    output_stride: int | None = None  # bytes an output element (None: 4, kem@1.0's words)
+    image_params: bool = False  # params begin (width, height): the image rule may apply
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,7 @@ def _builtins(fn: Node) -> list[str]:
     return found
 
 
-def _binding(node: Node, sizes: UniformSizes) -> Binding | None:
+def _binding(node: Node, sizes: UniformSizes, storage: UniformSizes) -> Binding | None:
     group = index = None
     for attr, args in _attributes(node):
         if attr in ("group", "binding") and args and args[0].type == "int_literal":
@@ -135,8 +141,10 @@ def _binding(node: Node, sizes: UniformSizes) -> Binding | None:
             ident = sub.child(0)
             name = ident.text.decode() if ident is not None else ""
             type_node = next((c for c in sub.children if c.type == "type_declaration"), None)
-    min_size = sizes.size_of(type_node) if space == "uniform" else None
-    return Binding(group, index, name, space, access, min_size)
+    if space == "uniform":
+        return Binding(group, index, name, space, access, sizes.size_of(type_node), None, sizes.members(type_node))
+    element = storage.element_stride(type_node) if space == "storage" else None
+    return Binding(group, index, name, space, access, None, element)
 
 
 def _walk(node: Node):
@@ -152,14 +160,14 @@ def reflect(source: str) -> KernelShape:
     tree = _parser().parse(source.encode("utf-8"))
     entries: dict[str, EntryPoint] = {}
     bindings: list[Binding] = []
-    sizes = UniformSizes(tree.root_node)
+    sizes, storage = UniformSizes(tree.root_node), UniformSizes(tree.root_node, uniform=False)
     for node in tree.root_node.children:
         if node.type == "function_declaration":
             ep = _entry_point(node)
             if ep is not None:
                 entries[ep.name] = ep
         elif node.type == "global_variable_declaration":
-            b = _binding(node, sizes)
+            b = _binding(node, sizes, storage)
             if b is not None:
                 bindings.append(b)
     return KernelShape(entries, tuple(bindings))
