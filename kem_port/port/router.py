@@ -102,6 +102,9 @@ class Router:
         else:
             if request.enveloped:
                 self.stats.inc("calls")
+            if request.group:  # as a group frame the checks took: the peer sends them, so reads replies frames
+                self.replies.node_sends_batches()
+                self.stats.inc("group_frames")
             self.refuse_all(request.req_ids, request.error)
 
     def _kernel(self, request: KernelRequest) -> None:

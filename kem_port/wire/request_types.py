@@ -39,8 +39,11 @@ class CallsRequest(NamedTuple):
 class Refused(NamedTuple):
     """Each of req_ids hears error (``[None]``: the frame names nobody it
     can be sure of); enveloped: a ``{call, ...}`` envelope was read whole
-    (counted in ``calls``, as a request that was then refused)."""
+    (counted in ``calls``, as a request that was then refused); group: a
+    group frame's fields were read whole and then refused by its checks
+    (counted in ``group_frames``, and the peer reads replies frames)."""
 
     req_ids: list
     error: KemError
     enveloped: bool = False
+    group: bool = False

@@ -100,6 +100,8 @@ class RequestReader:
 
     def _group(self, fields: group_frames.GroupFields) -> GroupRequest | Refused:
         try:
-            return GroupRequest(group_frames.check(fields, self.config))  # KemError: no caller named (to undefined)
+            return GroupRequest(group_frames.check(fields, self.config))
         except group_frames.GroupRefused as exc:
-            return Refused(exc.req_ids, exc.error)
+            return Refused(exc.req_ids, exc.error, group=True)
+        except KemError as exc:  # its Entries name no caller: answered to undefined
+            return Refused([None], exc, group=True)
