@@ -66,3 +66,29 @@ def test_a_refused_group_frame_is_counted_and_turns_on_replies_frames(frame, ref
     assert reader.stats.count("group_frames") == 1
     frames = _two_queued_calls(reader, words)
     assert [split_replies(f) for f in frames] == [[(901, (words * 2).tobytes()), (902, (words * 2).tobytes())]]
+
+
+@pytest.fixture(scope="module")
+def reader():
+    found = Reader()
+    found.call(np.arange(4, dtype=np.uint32).tobytes())  # compiled, its kit built
+    return found
+
+
+@pytest.mark.parametrize("frame", [
+    terms.encode((A("call"), 811, A("execute_kernel"), (B(b"double"), B(b""), 1), 60000)),  # the hot shape, empty input
+    terms.encode((A("call"), 811, A("execute"), (B(b"double"), B(b"\1\0\0\0"), {A("output_size"): 0}), 60000)),
+], ids=["empty input", "output_size 0"])
+def test_a_call_with_nothing_to_return_is_answered_on_the_reader_as_before(reader, frame):
+    """Before: a lone call to a compiled kernel with an empty output ran
+    inline (inline_call.may_run_inline bounded its sizes from above only)
+    and was answered <<>> without waking the GPU thread; the reader's lone
+    road now sent it to the GPU queue (its `0 < out`)."""
+    _gpu_thread_idle(reader)
+    inline = reader.stats.count("inline_calls")
+    reader.send_frame(frame)
+    reader.handle_next()
+    tag, req_id, (ok, value) = reader.reply()
+    assert (tag, req_id, ok, bytes(value.value)) == (A("reply"), 811, A("ok"), b"")
+    assert reader.stats.count("inline_calls") == inline + 1
+    assert reader.held() == {"held_calls": 0, "held_bytes": 0}

@@ -83,7 +83,7 @@ class LoneCall:
         size = len(data)
         budget, lock = self.budget, self.lock
         calls = budget.calls
-        if not (0 < out <= SMALL_CALL and size <= SMALL_CALL and calls < budget.max_calls
+        if not (out <= SMALL_CALL and size <= SMALL_CALL and calls < budget.max_calls
                 and not (calls and budget.bytes + max(out, size) > budget.max_bytes)
                 and (request.hot or plain(call))
                 and not self.input_waiting() and lock.acquire(blocking=False)):
