@@ -30,6 +30,7 @@ from kem_port.gpu.device import Device
 from kem_port.gpu.group import call_table, group_table
 from kem_port.gpu.group.group_job import GroupJob
 from kem_port.gpu.lone_road import LoneRoad
+from kem_port.gpu.named.named_run import NamedRuns
 from kem_port.gpu.pipelines import Pipelines, gpu_message
 from kem_port.gpu.plan import BatchPreparer, Prepared
 from kem_port.kernel_store import KernelSource
@@ -55,6 +56,7 @@ class Executor:
         self.pipelines = Pipelines(stats, slot_dispatch=config.slot_dispatch == "on" and self.sharing.cross_caller)
         self.stages = Stages(self.gpu, self.pipelines, stats, self.sharing)
         self.lone = LoneRoad(self.gpu, self.pipelines, stats)  # a lone call's kits (gpu/lone_road.py)
+        self.named = NamedRuns(self.gpu, stats)  # calls by named buffers (gpu/named/)
 
     # -- the device -------------------------------------------------------
 

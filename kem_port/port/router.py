@@ -27,6 +27,7 @@ from kem_port.port.health import Health
 from kem_port.port.intake import Intake
 from kem_port.port.lone_call import LoneCall
 from kem_port.port.replies import Replies
+from kem_port.port.run_methods import RunMethods
 from kem_port.port.session_methods import SessionMethods
 from kem_port.stats import Stats
 from kem_port.transfer import shm
@@ -34,6 +35,7 @@ from kem_port.wire import terms
 from kem_port.wire.protocol import INLINE_METHODS, RequestError, Shm, version_info
 from kem_port.wire.request_types import CallsRequest, GroupRequest, KernelRequest, MethodRequest, Refused
 from kem_port.wire.requests import Request, RequestReader
+from kem_port.wire.run_requests import RunRequest
 from kem_port.wire.session_requests import BufferRequest, ChainRequest
 
 log = logging.getLogger("kem_port.router")
@@ -59,6 +61,7 @@ class Router:
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, replies, input_waiting)
         self.session_methods = SessionMethods(config, stats, self.loop, executor, resolver, self.intake.fetch_pool,
                                               replies, input_waiting, guard)  # docs/sessions.md
+        self.runs = RunMethods(self.loop, resolver, self.intake.fetch_pool, replies, self.intake.budget, guard)
         self.health = Health(executor, config, open_error)
         self.lone = LoneCall(stats, self.intake, self.loop, executor, resolver, replies, input_waiting)
 
@@ -97,6 +100,9 @@ class Router:
         elif kind is BufferRequest or kind is ChainRequest:
             self.stats.inc("calls")
             self._session(request)
+        elif kind is RunRequest:
+            self.stats.inc("calls")
+            self.replies.answering(request.req_id, lambda: self.runs.handle(request))  # run_methods.py
         elif kind is GroupRequest:
             self._group(request)
         else:

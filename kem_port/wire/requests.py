@@ -36,6 +36,7 @@ from kem_port.wire.protocol import KERNEL_METHODS, RequestError, Shm, kernel_cal
 from kem_port.wire.request_fast import hot_execute_kernel
 from kem_port.wire.request_types import CallsRequest, GroupRequest, KernelRequest, MethodRequest, Refused
 from kem_port.wire.session_protocol import SESSION_METHODS
+from kem_port.wire.run_requests import RunRequest, read_run
 from kem_port.wire.session_requests import BufferRequest, ChainRequest, read_session
 
 log = logging.getLogger("kem_port.router")
@@ -43,7 +44,7 @@ log = logging.getLogger("kem_port.router")
 INTERNAL = "internal error (details in the node's log)"
 
 
-Request = Union[KernelRequest, BufferRequest, ChainRequest, MethodRequest, GroupRequest, CallsRequest, Refused]
+Request = Union[KernelRequest, RunRequest, BufferRequest, ChainRequest, MethodRequest, GroupRequest, CallsRequest, Refused]
 
 
 class RequestReader:
@@ -80,6 +81,8 @@ class RequestReader:
                 return KernelRequest(req_id, kcall, call.deadline, call.timeout_s, False)
             if call.method in SESSION_METHODS:
                 return read_session(req_id, call.method, call.args, self.config)
+            if call.method == "run":  # a kernel by named buffers (run_requests.py)
+                return read_run(req_id, call.args, self.config, call.deadline, call.timeout_s)
             return MethodRequest(req_id, call.method, call.args, call.deadline)
         except RequestError as exc:
             return Refused([exc.req_id], exc.error, req_id is not None)

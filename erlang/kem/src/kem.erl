@@ -10,7 +10,7 @@
 %%% in their functions here.
 -module(kem).
 
--export([execute/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
+-export([execute/3, run/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
          health/0, metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, request_chain_usage/2, buffer_create/3, buffer_write/4,
@@ -37,7 +37,7 @@
                    node => node()}.
 -export_type([kernel_id/0, opts/0, usage/0]).
 
--define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, run]).
 
 %% @doc Run kernel KernelId on Input. Output size is `output_size', else
 %% `byte_size(Input) * output_size_hint' (hint default 1). `timeout' (ms,
@@ -63,6 +63,10 @@ execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_ma
     end;
 execute(_KernelId, _Input, _Opts) ->
     {error, {bad_args, <<"execute(KernelId :: binary(), Input :: binary(), Opts :: map())">>}}.
+
+%% @doc A kernel called by named buffers: `{ok, #{Name => Bytes}}' (kem_run).
+-spec run(term(), term(), term()) -> {ok, #{binary() => binary()}} | {error, kem_port:reason()}.
+run(KernelId, Buffers, Opts) -> kem_run:run(KernelId, Buffers, Opts).
 
 %% @doc A request from outside the node (dev_kem): Method is
 %% `execute_kernel' or `execute_kernel_with_params' with their Args; the

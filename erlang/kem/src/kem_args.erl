@@ -92,6 +92,10 @@ budget(infinity) -> ok;
 budget(N) when is_integer(N), N >= 0, N =< ?MAX_SIZE -> ok;
 budget(_) -> bad(<<"max_output_bytes must be an integer >= 0">>).
 
+kernel_args(run, {K, Buffers, Opts}) when is_binary(K), is_map(Buffers), is_map(Opts) ->
+    run_args(K, maps:values(Buffers));
+kernel_args(run, _) ->
+    bad(<<"run takes {KernelId :: binary(), Buffers :: #{Name => binary()}, Opts :: map()}">>);
 kernel_args(Method, Args) ->
     case lists:member(Method, ?KERNEL_METHODS) of
         true -> kernel_args1(Method, Args);
@@ -111,6 +115,20 @@ kernel_args1(execute_kernel_with_params, _) ->
     bad(<<"execute_kernel_with_params takes {KernelId :: binary(), Input :: binary(), Params :: binary()}">>);
 kernel_args1(execute, _) ->
     bad(<<"execute takes {KernelId :: binary(), Input :: binary(), Opts :: map()}">>).
+
+%% A run's buffers: binaries, together within the port's max_input_bytes
+%% (the port checks names, outputs and the rest: wire/run_requests.py).
+run_args(K, _Values) when byte_size(K) > ?MAX_KERNEL_ID ->
+    {error, {invalid_kernel_id, <<"a kernel id is 1-128 letters, digits, '-' or '_'">>}};
+run_args(_K, Values) ->
+    case lists:all(fun is_binary/1, Values) of
+        false -> bad(<<"each buffer's contents must be a binary">>);
+        true ->
+            case lists:sum([byte_size(V) || V <- Values]) =< limit(max_input_bytes, ?DEFAULT_MAX_INPUT) of
+                true -> ok;
+                false -> too_large(<<"the buffers are over the port's max_input_bytes">>)
+            end
+    end.
 
 third(execute_kernel, Hint) -> hint(Hint);
 third(execute_kernel_with_params, P) when is_binary(P) -> params(P);

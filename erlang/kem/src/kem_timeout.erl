@@ -28,7 +28,7 @@
 
 %% Methods whose timeout may be the kernel's doing (kernel_was_stuck/1 reads
 %% the method's name back from the text finish/5 wrote).
--define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, chain, session_call]).
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, run, chain, session_call]).
 %% Written by finish/5, and only there, into the timeout of a call the port
 %% said the GPU was inside: the one timeout that is the kernel's doing.
 -define(ON_GPU, <<" did not finish in time: it was running on the GPU: ">>).

@@ -1,0 +1,33 @@
+%%% @doc `kem:run/3': a kernel called by named buffers, as its author wrote
+%%% it (issue 25, docs/kernels.md). `Buffers' maps a WGSL variable name
+%%% (binary or atom), `<<"G/B">>' (group/binding) or a binding number of
+%%% group 0 to its bytes: every `var<storage, read>' and `var<uniform>' the
+%%% kernel declares, and a `var<storage, read_write>' used in place. `Opts':
+%%% `outputs => #{Name => Bytes}' (the size of each output not given in
+%%% place), `workgroups => {X, Y, Z}' (required: kem's default rules are for
+%%% kem@1.0-shaped kernels), `entry_point', `timeout'. The reply is
+%%% `{ok, #{Name => Bytes}}': every output and in/out buffer by WGSL name.
+%%% The call takes kem:call_usage/3's road: argument checks, quarantine,
+%%% placement, timeout, metrics.
+-module(kem_run).
+
+-export([run/3]).
+
+-spec run(term(), term(), term()) -> {ok, #{binary() => binary()}} | {error, kem_port:reason()}.
+run(KernelId, Buffers, Opts) when is_binary(KernelId), is_map(Buffers), is_map(Opts) ->
+    {Timeout, PortOpts} = case maps:take(timeout, Opts) of
+        {T, Rest} -> {T, Rest};
+        error -> {kem:default_timeout(), Opts}
+    end,
+    element(1, kem:call_usage(run, {KernelId, Buffers, PortOpts}, Timeout));
+run(_KernelId, _Buffers, _Opts) ->
+    {error, {bad_args, <<"run(KernelId :: binary(), Buffers :: #{Name => binary()}, Opts :: map())">>}}.
+
+-ifdef(TEST).
+-include_lib("eunit/include/eunit.hrl").
+
+refused_before_any_port_test() ->
+    ?assertMatch({error, {bad_args, _}}, run(<<"k">>, [], #{})),
+    ?assertMatch({error, {bad_args, <<"each buffer", _/binary>>}}, run(<<"k">>, #{<<"a">> => 7}, #{})),
+    ?assertMatch({error, {bad_args, <<"timeout", _/binary>>}}, run(<<"k">>, #{}, #{timeout => -1})).
+-endif.

@@ -1,0 +1,78 @@
+"""The ``run`` method: a kernel called by named buffers (issue 25).
+
+Its kernel is resolved (a fetch on a fetch thread) and admitted as a
+session kernel is (admission/guard.py: the same refusals, limits,
+workgroup clearing and sacrificial compile, with the shader's own layout);
+the call takes its share of the port's byte budget, runs on the GPU
+thread as a control action between batches (tagged with its ReqId, so
+call_state says queued or running), and is answered with its returned
+buffers by name.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor as Threads
+
+from kem_port.admission.guard import CompileGuard
+from kem_port.errors import KemError
+from kem_port.gpu.executor import Executor
+from kem_port.kernel_store import KernelResolver, KernelSource
+from kem_port.port.budget import WorkBudget
+from kem_port.port.gpu_loop import GpuLoop, QueueFull
+from kem_port.port.replies import Replies
+from kem_port.wire.run_requests import RunRequest
+
+
+class RunMethods:
+    def __init__(self, loop: GpuLoop, resolver: KernelResolver, fetchers: Threads, replies: Replies,
+                 budget: WorkBudget, guard: CompileGuard | None) -> None:
+        self.loop, self.resolver, self.fetchers, self.replies = loop, resolver, fetchers, replies
+        self.budget, self.guard = budget, guard
+
+    def handle(self, request: RunRequest) -> None:
+        """Queue the call (KemError raised to the router when refused at once)."""
+        call = request.call
+        source = self.resolver.resolve_local(call.kernel_id)
+        if source is None and not self.resolver.needs_fetch(call.kernel_id):
+            raise KemError("kernel_not_found", f"no kernel {call.kernel_id!r} on this node")
+        admitted = self._admitted(source, call.entry_point)
+        if admitted is not None:
+            self._queue(request, admitted)
+            return
+        self.fetchers.submit(self.replies.answering, request.req_id, lambda: self._queue(request, self._admit(request, source)))
+
+    def _admitted(self, source: KernelSource | None, entry: str) -> KernelSource | None:
+        if source is None or self.guard is None:
+            return source
+        return self.guard.is_admitted_for_session(source, entry)
+
+    def _admit(self, request: RunRequest, source: KernelSource | None) -> KernelSource:
+        """On a fetch thread: the kernel fetched if need be, then put through the guard."""
+        call = request.call
+        if source is None:
+            source = self.resolver.fetch(call.kernel_id, request.deadline)
+        return self.guard.admit_for_session(source, call.entry_point) if self.guard is not None else source
+
+    def _queue(self, request: RunRequest, source: KernelSource) -> None:
+        req_id, call, share = request.req_id, request.call, request.call.batch_bytes
+        self.budget.take(share)  # KemError overloaded: answered by the caller's `answering`
+        replies, budget = self.replies, self.budget
+
+        def run(executor: Executor) -> None:
+            try:
+                replies.answering(req_id, lambda: replies.ok(req_id, _by_name(executor.named.run(source, call))))
+            finally:
+                budget.give(share)
+
+        run.tag = req_id  # type: ignore[attr-defined]  # call_state: queued or running (gpu_loop.state_of)
+        try:
+            self.loop.put(run)
+        except QueueFull:
+            budget.give(share)
+            raise KemError("overloaded", "the GPU queue is full") from None
+
+
+def _by_name(outputs: dict[str, bytes]) -> dict[bytes, bytes]:
+    """Names as binaries: a str key would become an atom on the node."""
+    return {name.encode(): data for name, data in outputs.items()}
+

@@ -1,0 +1,82 @@
+"""The ``run`` method read into a typed request: a kernel called by named
+buffers (issue 25; gpu/named/binding_model.py binds them).
+
+``{call, ReqId, run, {KernelId, Buffers, Opts}, TimeoutMs}``: Buffers maps
+a WGSL variable name (binary or atom), ``<<"G/B">>`` or a binding number
+(group 0) to its bytes; Opts may hold ``outputs => #{Name => Bytes}``,
+``workgroups => {X, Y, Z}`` and ``entry_point``. Every size is checked here,
+before anything is allocated: the inputs together within
+KEM_MAX_INPUT_BYTES, the outputs together within KEM_MAX_OUTPUT_BYTES.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from kem_port.config import Config
+from kem_port.errors import bad_args, too_large
+from kem_port.gpu.named.binding_model import NamedCall
+from kem_port.wire.protocol import _binary, _entry_point, _kernel_id, _workgroups, options
+from kem_port.wire.terms import atom_name, binary_bytes
+
+MAX_BUFFERS = 64  # far over WebGPU's 8 storage + 12 uniform buffers a stage: a bound before the kernel is read
+RUN_OPTS = ("outputs", "workgroups", "entry_point")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}|[0-3]/[0-9]{1,4}|[0-9]{1,4}")
+
+
+class RunRequest(NamedTuple):
+    req_id: int
+    call: NamedCall
+    deadline: float | None
+    timeout_s: float | None
+
+
+def read_run(req_id: int, args: Any, config: Config, deadline: float | None, timeout_s: float | None) -> RunRequest:
+    if not (isinstance(args, tuple) and len(args) == 3):
+        raise bad_args("expected Args {KernelId, Buffers, Opts}")
+    kernel_id = _kernel_id(args[0])
+    buffers = _named_map(args[1], "Buffers", lambda v, k: _binary(v, f"buffer {k!r}"))
+    opts = options(args[2], RUN_OPTS, "Opts", "option")
+    outputs = _named_map(opts.get("outputs", {}), "outputs", _size)
+    total_in, total_out = sum(map(len, buffers.values())), sum(outputs.values())
+    if total_in > config.max_input_bytes:
+        raise too_large(f"buffers of {total_in} bytes are over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
+    if total_out > config.max_output_bytes:  # with in/out buffers, checked again once bound (gpu/named/named_run.py)
+        raise too_large(f"outputs of {total_out} bytes are over KEM_MAX_OUTPUT_BYTES={config.max_output_bytes}")
+    groups = _workgroups(opts["workgroups"]) if "workgroups" in opts else None
+    entry = _entry_point(opts["entry_point"]) if "entry_point" in opts else "main"
+    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry), deadline, timeout_s)
+
+
+def _named_map(value: Any, what: str, read) -> dict:
+    if not isinstance(value, dict):
+        raise bad_args(f"{what} must be a map of buffer names to values")
+    if len(value) > MAX_BUFFERS:
+        raise too_large(f"{len(value)} {what}; at most {MAX_BUFFERS}")
+    found: dict = {}
+    for key, item in value.items():
+        name = _key(key)
+        if name in found:
+            raise bad_args(f"{what}: {name!r} given twice")
+        found[name] = read(item, name)
+    return found
+
+
+def _key(key: Any) -> str:
+    """A buffer's name as the binding model takes it: a WGSL name, "G/B", or "B"."""
+    if type(key) is int and 0 <= key <= 9999:
+        return str(key)
+    name = atom_name(key)
+    if name is None:
+        raw = binary_bytes(key)
+        name = raw.decode("ascii", "replace") if raw is not None else None
+    if name is None or not _KEY.fullmatch(name):
+        raise bad_args(f"{str(key)[:80]!r} is not a buffer name: a WGSL identifier, <<\"G/B\">> or a binding number")
+    return name
+
+
+def _size(value: Any, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise bad_args(f"output {name!r}: its size must be an integer >= 0 (bytes)")
+    return value

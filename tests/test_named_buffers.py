@@ -1,0 +1,178 @@
+"""Any kernel as its author wrote it (issue 25): buffers bound by WGSL name
+at any group and binding, several inputs and outputs, in/out buffers,
+uniforms anywhere; through the real port, values against numpy on fresh
+random inputs of several sizes; and every call kem cannot bind is a
+bad_args naming the buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from kem_port.client import PortError
+from kem_port.wire import terms
+
+KERNELS = {
+    # wgpu's examples: two inputs, the output at binding 2.
+    "add": """
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&c)) { c[i] = a[i] + b[i]; }
+}
+""",
+    # A naive matmul with its shape in a uniform at a high binding.
+    "matmul": """
+struct Dims { m: u32, n: u32, k: u32 }
+@group(0) @binding(0) var<storage, read> lhs: array<f32>;
+@group(0) @binding(1) var<storage, read> rhs: array<f32>;
+@group(0) @binding(2) var<storage, read_write> product: array<f32>;
+@group(0) @binding(5) var<uniform> dims: Dims;
+@compute @workgroup_size(8, 8)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let row = gid.y;
+    let col = gid.x;
+    if (row >= dims.m || col >= dims.n) { return; }
+    var sum = 0.0;
+    for (var i = 0u; i < dims.k; i++) { sum += lhs[row * dims.k + i] * rhs[i * dims.n + col]; }
+    product[row * dims.n + col] = sum;
+}
+""",
+    # In place: a read_write buffer given bytes and returned changed; the uniform at binding 0.
+    "axpy": """
+struct Params { alpha: f32, count: u32 }
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < params.count) { y[i] = params.alpha * x[i] + y[i]; }
+}
+""",
+    # Several outputs, the outputs in a second bind group.
+    "sumdiff": """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
+@group(1) @binding(0) var<storage, read_write> total: array<u32>;
+@group(1) @binding(3) var<storage, read_write> delta: array<u32>;
+@compute @workgroup_size(32)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&total)) {
+        total[i] = a[i] + b[i];
+        delta[i] = a[i] - b[i];
+    }
+}
+""",
+    "sampled": """
+@group(0) @binding(0) var tex: texture_2d<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(1)
+fn main() { out[0] = textureLoad(tex, vec2<i32>(0, 0), 0).x; }
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def named_port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("named")
+    for name, text in KERNELS.items():
+        (kernels / f"{name}.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
+        yield port
+
+
+def run(port, kernel: str, buffers: dict, **opts) -> dict[str, bytes]:
+    """The port's run method; its map of returned buffers as {name: bytes}."""
+    named = {k.encode() if isinstance(k, str) else k: v for k, v in buffers.items()}  # binaries, as the node sends names
+    if "outputs" in opts:
+        opts["outputs"] = {k.encode(): v for k, v in opts["outputs"].items()}
+    got = port.call("run", kernel.encode(), named, opts)
+    return {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in got.items()}
+
+
+def groups_for(n: int, size: int) -> tuple[int, int, int]:
+    return (-(-n // size), 1, 1)
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 4099])
+def test_two_inputs_and_an_output_at_binding_2(named_port, rng, n):
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    got = run(named_port, "add", {"a": a.tobytes(), "b": b.tobytes()}, outputs={"c": 4 * n}, workgroups=groups_for(n, 64))
+    assert list(got) == ["c"]
+    np.testing.assert_array_equal(np.frombuffer(got["c"], np.float32), a + b)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 9, 5), (16, 16, 16), (33, 20, 47)])
+def test_matmul_with_its_shape_in_a_uniform_at_binding_5(named_port, rng, m, n, k):
+    lhs, rhs = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    dims = np.array([m, n, k], np.uint32).tobytes()
+    got = run(named_port, "matmul", {"lhs": lhs.tobytes(), "rhs": rhs.tobytes(), "dims": dims},
+              outputs={"product": 4 * m * n}, workgroups=(-(-n // 8), -(-m // 8), 1))
+    np.testing.assert_allclose(np.frombuffer(got["product"], np.float32).reshape(m, n), lhs @ rhs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 100, 2048])
+def test_an_in_place_buffer_comes_back_changed_and_the_uniform_sits_at_binding_0(named_port, rng, n):
+    x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    params = np.array([2.5], np.float32).tobytes() + np.array([n], np.uint32).tobytes()
+    got = run(named_port, "axpy", {"params": params, "x": x.tobytes(), "y": y.tobytes()}, workgroups=groups_for(n, 64))
+    assert list(got) == ["y"]
+    np.testing.assert_allclose(np.frombuffer(got["y"], np.float32), np.float32(2.5) * x + y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [5, 96, 1001])
+def test_several_outputs_in_a_second_bind_group_by_name_and_by_number(named_port, rng, n):
+    a = rng.integers(0, 2**31, n, dtype=np.uint32)
+    b = rng.integers(0, 2**31, n, dtype=np.uint32)
+    got = run(named_port, "sumdiff", {"0/0": a.tobytes(), "b": b.tobytes()}, outputs={"total": 4 * n, "1/3": 4 * n},
+              workgroups=groups_for(n, 32))
+    assert sorted(got) == ["delta", "total"]
+    np.testing.assert_array_equal(np.frombuffer(got["total"], np.uint32), a + b)
+    np.testing.assert_array_equal(np.frombuffer(got["delta"], np.uint32), a - b)
+
+
+def test_calls_of_two_kernels_and_sizes_alternate_without_mixing(named_port, rng):
+    for n in (3, 700, 3, 700):
+        a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        got = run(named_port, "add", {"a": a.tobytes(), "b": b.tobytes()}, outputs={"c": 4 * n}, workgroups=groups_for(n, 64))
+        np.testing.assert_array_equal(np.frombuffer(got["c"], np.float32), a + b)
+        u = rng.integers(0, 2**31, n, dtype=np.uint32)
+        got = run(named_port, "sumdiff", {"a": u.tobytes(), "b": u.tobytes()}, outputs={"total": 4 * n, "delta": 4 * n},
+                  workgroups=groups_for(n, 32))
+        assert got["delta"] == bytes(4 * n) and np.array_equal(np.frombuffer(got["total"], np.uint32), 2 * u)
+
+
+@pytest.mark.parametrize("buffers, opts, words", [
+    ({"a": b"\0" * 16, "b": b"\0" * 16}, {"workgroups": (1, 1, 1)}, ("output 'c'", "needs a size")),
+    ({"a": b"\0" * 16}, {"outputs": {"c": 16}, "workgroups": (1, 1, 1)}, ("input 'b'", "not given")),
+    ({"a": b"\0" * 16, "b": b"\0" * 16, "z": b"\0"}, {"outputs": {"c": 16}, "workgroups": (1, 1, 1)}, ("no binding named 'z'", "a, b, c")),
+    ({"a": b"\0" * 16, "b": b"\0" * 16}, {"outputs": {"c": 16}}, ("workgroups", "kem@1.0")),
+    ({"a": b"\0" * 16, "0/0": b"\0" * 16, "b": b"\0" * 16}, {"outputs": {"c": 16}, "workgroups": (1, 1, 1)}, ("given twice",)),
+    ({"a": b"\0" * 16, "b": b"\0" * 16}, {"outputs": {"a": 16, "c": 16}, "workgroups": (1, 1, 1)}, ("'a'", "an input")),
+])
+def test_what_kem_cannot_bind_is_bad_args_naming_the_buffer(named_port, buffers, opts, words):
+    if "outputs" in opts:
+        opts = {**opts, "outputs": {k.encode(): v for k, v in opts["outputs"].items()}}
+    with pytest.raises(PortError) as err:
+        named_port.call("run", b"add", {k.encode(): v for k, v in buffers.items()}, opts)
+    assert err.value.reason == "bad_args", err.value
+    assert all(w in err.value.detail for w in words), err.value.detail
+
+
+def test_a_short_uniform_a_texture_and_oversized_outputs_are_refused(named_port):
+    short = {"params": b"\0" * 4, "x": b"\0" * 4, "y": b"\0" * 4}
+    with pytest.raises(PortError) as err:
+        run(named_port, "axpy", short, workgroups=(1, 1, 1))
+    assert err.value.reason == "bad_args" and "uniform 'params' is 8 bytes; 4 given" in err.value.detail
+    with pytest.raises(PortError) as err:
+        run(named_port, "sampled", {}, outputs={"out": 4}, workgroups=(1, 1, 1))
+    assert err.value.reason == "bad_kernel" and "tex" in err.value.detail and "not a buffer" in err.value.detail
+    with pytest.raises(PortError) as err:
+        run(named_port, "add", {"a": b"", "b": b""}, outputs={"c": 1 << 40}, workgroups=(1, 1, 1))
+    assert err.value.reason == "too_large"
