@@ -11,6 +11,7 @@ buffers by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
@@ -18,16 +19,17 @@ from kem_port.errors import KemError
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
-from kem_port.port.gpu_loop import GpuLoop, QueueFull
+from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
+from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.port.replies import Replies
 from kem_port.wire.run_requests import RunRequest
 
 
 class RunMethods:
     def __init__(self, loop: GpuLoop, resolver: KernelResolver, fetchers: Threads, replies: Replies,
-                 budget: WorkBudget, guard: CompileGuard | None) -> None:
+                 budget: WorkBudget, guard: CompileGuard | None, input_waiting: Callable[[], object]) -> None:
         self.loop, self.resolver, self.fetchers, self.replies = loop, resolver, fetchers, replies
-        self.budget, self.guard = budget, guard
+        self.budget, self.guard, self.input_waiting = budget, guard, input_waiting
 
     def handle(self, request: RunRequest) -> None:
         """Queue the call (KemError raised to the router when refused at once)."""
@@ -65,6 +67,13 @@ class RunMethods:
                 budget.give(share)
 
         run.tag = req_id  # type: ignore[attr-defined]  # call_state: queued or running (gpu_loop.state_of)
+        # A small call of a kernel that cannot loop runs on the reader when
+        # the GPU thread is idle, as a lone kernel call does (lone_call.py):
+        # waking the GPU thread doubled a 4-byte call on lavapipe (767 against
+        # 340 us for the same kernel through execute_kernel).
+        if share <= SMALL_CALL and not may_loop(source.text, source.sha256, call.entry_point) \
+                and not self.input_waiting() and self.loop.run_control_inline(run):
+            return
         try:
             self.loop.put(run)
         except QueueFull:

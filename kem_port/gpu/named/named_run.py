@@ -3,12 +3,11 @@
 The kernel's pipeline is compiled once per (kernel sha256, entry point)
 with an explicit layout read off its declarations (one bind group layout
 per group it uses, each binding typed by its role: read-only storage,
-storage, uniform), so the device enforces the WGSL's access modes. Each
-call gets its own buffers, created for it: an input or uniform filled
-from the caller's bytes, an in/out buffer too, an output zeroed by WebGPU
-at creation; so a call never sees another's bytes. One encoder runs the
-dispatch and copies every returned buffer into one staging buffer, read
-after one wait.
+storage, uniform), so the device enforces the WGSL's access modes. A call
+runs on its shape's kit (named_kit.py: buffers and bind groups reused,
+every buffer overwritten or cleared each call, so a call never sees
+another's bytes); one encoder runs the dispatch and copies every returned
+buffer into one staging buffer, read after one wait.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, plan_bindings
+from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.pipelines import gpu_message
 from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
@@ -28,8 +28,9 @@ from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
 
 PIPELINES = 64  # kernels kept compiled (a pipeline and its layouts: ~KBs of host memory each)
+KITS = 16  # call shapes kept with their buffers (named_kit.py)
+KIT_BYTES = 4 << 20  # a shape's buffers up to this are kept: at most 64 MiB in all
 _TYPES = {"input": "read-only-storage", "output": "storage", "inout": "storage", "uniform": "uniform"}
-_U = wgpu.BufferUsage
 
 
 class NamedRuns:
@@ -40,12 +41,14 @@ class NamedRuns:
         self._device: wgpu.GPUDevice | None = None
         self._pipelines: OrderedDict[tuple, tuple] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
+        self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()  # per call shape (named_kit.py)
 
     def run(self, source: KernelSource, call: NamedCall) -> dict[str, bytes]:
         """The call's returned buffers by WGSL name. Raises KemError."""
         device = self.gpu.require()
-        if device is not self._device:  # a new device: the old one's pipelines go
+        if device is not self._device:  # a new device: the old one's pipelines and kits go
             self._pipelines.clear()
+            self._kits.clear()
             self._device = device
         shape = self._shape(source)
         entry = shape.entry_points.get(call.entry_point)
@@ -60,7 +63,7 @@ class NamedRuns:
             raise too_large(f"{returned} bytes would come back; KEM_MAX_OUTPUT_BYTES={self.gpu.config.max_output_bytes}")
         groups = plan_dispatch(entry, 0, (), call.workgroups, self.gpu.dispatch_limits)
         pipeline, layouts = self._pipeline(device, source, call.entry_point, bound)
-        return self._dispatch(device, pipeline, layouts, bound, groups)
+        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point))
 
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
@@ -105,46 +108,32 @@ class NamedRuns:
             for group in range(top + 1)
         }
 
-    def _dispatch(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups) -> dict[str, bytes]:
+    def _dispatch(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups, key: tuple) -> dict[str, bytes]:
         errors = ErrorCapture()
+        kit = self._kit(device, layouts, bound, key)
         try:
-            return errors.call(self._submit, device, pipeline, layouts, bound, groups)
+            result = errors.call(kit.run, device, pipeline, bound, groups)
         except wgpu.GPUError as exc:
+            self._drop(key)  # its state is unknown
             raise KemError("gpu_error", gpu_message(exc)) from None
-
-    def _submit(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups) -> dict[str, bytes]:
-        buffers = [self._buffer(device, x) for x in bound]
-        encoder = device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        for group, layout in layouts.items():
-            entries = [{"binding": x.binding.binding, "resource": {"buffer": buf, "offset": 0, "size": x.size}}
-                       for x, buf in zip(bound, buffers) if x.binding.group == group]
-            compute.set_bind_group(group, device.create_bind_group(layout=layout, entries=entries))
-        compute.dispatch_workgroups(*groups)
-        compute.end()
-        returned = [(x, buf) for x, buf in zip(bound, buffers) if x.returned]
-        offsets, total = [], 0
-        for x, _ in returned:
-            offsets.append(total)
-            total += x.size
-        staging = device.create_buffer(size=max(total, 4), usage=_U.MAP_READ | _U.COPY_DST)
-        for (x, buf), offset in zip(returned, offsets):
-            encoder.copy_buffer_to_buffer(buf, 0, staging, offset, x.size)
-        device.queue.submit([encoder.finish()])
-        staging.map_sync(wgpu.MapMode.READ)
-        try:
-            view = staging.read_mapped()
-            result = {x.binding.name: bytes(view[offset : offset + x.logical]) for (x, _), offset in zip(returned, offsets)}
-        finally:
-            staging.unmap()
-        self.stats.bump((("named_calls", 1), ("bytes_out", sum(x.logical for x, _ in returned))))
+        if kit.bytes > KIT_BYTES:
+            kit.release()  # a large shape is not kept: at most KITS x KIT_BYTES of buffers stay
+        self.stats.bump((("named_calls", 1), ("bytes_out", sum(map(len, result.values())))))
         return result
 
-    @staticmethod
-    def _buffer(device: wgpu.GPUDevice, x: Bound) -> wgpu.GPUBuffer:
-        usage = (_U.UNIFORM if x.role == "uniform" else _U.STORAGE | _U.COPY_SRC) | _U.COPY_DST
-        buffer = device.create_buffer(size=x.size, usage=usage, label=f"kem-named-{x.binding.name}")
-        if x.data:  # created zeroed (WebGPU); the caller's bytes over the start, the padding stays zero
-            device.queue.write_buffer(buffer, 0, x.data + bytes(-len(x.data) % 4))
-        return buffer
+    def _kit(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], key: tuple) -> NamedKit:
+        shape = key + tuple((x.binding.group, x.binding.binding, x.role, x.size) for x in bound)
+        kit = self._kits.get(shape)
+        if kit is not None:
+            self._kits.move_to_end(shape)
+            return kit
+        kit = NamedKit(device, layouts, bound)
+        if kit.bytes <= KIT_BYTES:
+            self._kits[shape] = kit
+            while len(self._kits) > KITS:
+                self._kits.popitem(last=False)[1].release()
+        return kit
+
+    def _drop(self, key: tuple) -> None:
+        for shape in [s for s in self._kits if s[: len(key)] == key]:
+            self._kits.pop(shape).release()
