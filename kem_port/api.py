@@ -38,7 +38,7 @@ import dataclasses
 import operator
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,8 @@ class Runner:
         workgroups: Sequence[int] | None = None,
         entry_point: str = "main",
         debug: bool = False,
+        grid: Sequence[int] | None = None,
+        constants: Mapping[str, int | float] | None = None,
     ) -> KernelCall:
         """A KernelCall checked by the port's own rules (protocol.kernel_call)."""
         atom = terms.atom
@@ -178,6 +180,10 @@ class Runner:
             opts[atom("params")] = terms.Binary(params)
         if workgroups is not None:
             opts[atom("workgroups")] = tuple(operator.index(g) for g in workgroups)
+        if grid is not None:
+            opts[atom("grid")] = tuple(operator.index(g) for g in grid)
+        if constants is not None:
+            opts[atom("constants")] = {terms.Binary(str(k).encode()): v for k, v in constants.items()}
         return kernel_call("execute", (terms.Binary(source.kernel_id.encode()), terms.Binary(data), opts), self.config)
 
     def compile(self, source: KernelSource, call: KernelCall) -> Any:
@@ -193,11 +199,11 @@ class Runner:
         """The workgroup counts kem would dispatch for this call."""
         gpu = gpu_layer()
         pipeline = self.compile(source, call)
-        return gpu.plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits(self.executor))
+        return gpu.plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, gpu.dispatch_limits(self.executor), call.grid)
 
     def dispatch_rule(self, source: KernelSource, call: KernelCall) -> str:
-        """Which rule sizes this call's dispatch (docs/dispatch.md): workgroups, image, 1-D, or none."""
-        return gpu_layer().dispatch_rule(self.compile(source, call).entry, call.workgroups)
+        """Which rule sizes this call's dispatch (docs/dispatch.md): grid, workgroups, image, 1-D, or none."""
+        return gpu_layer().dispatch_rule(self.compile(source, call).entry, call.workgroups, call.grid)
 
     def execute_debug(self, source: KernelSource, call: KernelCall) -> tuple[bytes, dict]:
         """Run one call made with ``debug=True``: its output and the records
@@ -235,6 +241,8 @@ class Runner:
         workgroups: tuple[int, int, int] | None = None,
         entry_point: str = "main",
         dtype: Any = None,
+        grid: tuple[int, int, int] | None = None,
+        constants: Mapping[str, int | float] | None = None,
     ) -> np.ndarray | bytes:
         """See :func:`run`."""
         self.timings = Timings()
@@ -242,7 +250,7 @@ class Runner:
         source = self.source(kernel)
         call = self.call(
             source, data, output_size=output_size, hint=hint, params=params_bytes(params),
-            workgroups=workgroups, entry_point=entry_point,
+            workgroups=workgroups, entry_point=entry_point, grid=grid, constants=constants,
         )
         self.compile(source, call)
         out = self.execute(source, call)
@@ -272,6 +280,8 @@ def run(
     workgroups: tuple[int, int, int] | None = None,
     entry_point: str = "main",
     dtype: Any = None,
+    grid: tuple[int, int, int] | None = None,
+    constants: Mapping[str, int | float] | None = None,
 ) -> np.ndarray | bytes:
     """Run a kem kernel once and return its output.
 
@@ -284,6 +294,10 @@ def run(
     params: bytes, a numpy array, or a sequence of ints (packed as
         little-endian u32 words); bound as the uniform at binding 2.
     workgroups: ``(x, y, z)``, overriding kem's dispatch rule (docs/dispatch.md).
+    grid: ``(x, y, z)`` invocations; kem divides by the workgroup size,
+        rounding up (not with ``workgroups``).
+    constants: ``{name: number}`` for the kernel's ``override`` declarations
+        (docs/kernels.md).
     entry_point: the ``@compute`` function to run.
     dtype: return a numpy array of this dtype. Without it, a numpy input
         gives a numpy output of the input's dtype, and bytes give bytes.
@@ -294,5 +308,5 @@ def run(
     """
     return default_runner().run(
         kernel, input, output_size=output_size, hint=hint, params=params,
-        workgroups=workgroups, entry_point=entry_point, dtype=dtype,
+        workgroups=workgroups, entry_point=entry_point, dtype=dtype, grid=grid, constants=constants,
     )

@@ -21,7 +21,7 @@ class GpuLayer(NamedTuple):
     choose_adapter: Callable[[str | None], Any]
     reflect: Callable[[str], Any]
     plan_dispatch: Callable[..., tuple[int, int, int]]
-    dispatch_rule: Callable[[Any, Any], str]  # (entry, workgroups) -> the rule's name
+    dispatch_rule: Callable[..., str]  # (entry, workgroups, grid) -> the rule's name
     compile: Callable[[Any, KernelSource, KernelCall], Any]  # (executor, source, call) -> Pipeline
     dispatch_limits: Callable[[Any], Any]  # executor -> DispatchLimits
     run_debug: Callable[[Any, Any], tuple[bytes, dict]]  # (executor, job) -> (output, records); docs/debug.md

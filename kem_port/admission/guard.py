@@ -4,7 +4,8 @@ A 6 KB kernel could crash the port on every call: naga recursed off the
 end of the compiling thread's stack (SIGSEGV inside create_shader_module,
 before any Python could catch it), and small "compile bombs" grew the port
 by hundreds of MB a second. So before the port compiles a pipeline it has
-not admitted (kernel sha256, entry point, with or without params):
+not admitted (kernel sha256, entry point, with or without params, and
+the call's pipeline constants when it has any):
 
 1. the kernel's hash is looked up among kernels refused before (on disk,
    admission/rejects.py): refused at once, with the reason;
@@ -20,6 +21,18 @@ not admitted (kernel sha256, entry point, with or without params):
    one that died otherwise, missed the wall deadline or broke (load or a
    worn worker could cause those) gets the kernel again in a fresh worker
    (_confirm), and only a second failure refuses and remembers it.
+
+Constants are part of what is admitted, and the worker compiles with them:
+an override can size a workgroup, a workgroup array or a loop's bound,
+so the driver's compile of one constants set is not the compile of
+another (a constant made a loop count that the backend unrolls, or a
+workgroup array of 16k floats, is a new program to the compiler). A call
+whose constants set was never compiled in the worker is not admitted by
+an admission of the same kernel without them. A call without constants
+keeps the 3-part key that the reader's lone road looks up itself
+(port/lone_call.py); a call with constants never finds its pipeline
+there under that key, and Executor.is_warm (the pipeline cache keys on
+the constants too) sends it to intake's road, where this guard decides.
 
 Admitted pipelines are remembered in memory: a known kernel costs one set
 lookup (``is_admitted``). Kernels packaged with kem are admitted without
@@ -37,6 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kem_port.errors import KemError
+from kem_port.gpu.constants import pipeline_constants
 from kem_port.gpu.contract import check_layout
 from kem_port.gpu.calls import KernelCall
 from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
@@ -85,7 +99,7 @@ class CompileGuard:
 
     def is_admitted(self, source: KernelSource, call: KernelCall) -> KernelSource | None:
         """The admitted (possibly rewritten) source, or None: one dict lookup."""
-        return self._admitted.get((source.sha256, call.entry_point, call.params is not None))
+        return self._admitted.get(_key(source, call))
 
     # -- admission --------------------------------------------------------
 
@@ -93,8 +107,7 @@ class CompileGuard:
         """The source the port may compile for this call's pipeline, or
         KemError. Blocks for one worker round trip the first time: call it
         off the reader and GPU threads."""
-        entry, has_params = call.entry_point, call.params is not None
-        return self._admit((source.sha256, entry, has_params), source, lambda: check_layout(reflect(source.text), call))
+        return self._admit(_key(source, call), source, lambda: check_layout(reflect(source.text), call))
 
     def is_admitted_for_session(self, source: KernelSource, entry: str) -> KernelSource | None:
         """Like is_admitted, for a kernel run in a session or chain."""
@@ -135,7 +148,7 @@ class CompileGuard:
             return self._admit_new(key, source)
 
     def _admit_new(self, key, source: KernelSource) -> KernelSource:
-        _, entry, shape = key
+        _, entry, shape = key[:3]
         try:
             check_structure(source.text)
         except KemError as exc:
@@ -150,6 +163,8 @@ class CompileGuard:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
         else:
             request = {"code": text, "entry": entry, "has_params": shape}
+            if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
+                request["constants"] = pipeline_constants(reflect(source.text), key[3])
         if self._fault is not None:
             request, self._fault = {**request, "test_fail": self._fault}, None
         outcome = self._attempt(worker, request)
@@ -262,6 +277,13 @@ class CompileGuard:
     def _time(self, name: str, seconds: float) -> None:
         if self.stats is not None:
             self.stats.add_time(name, seconds)
+
+
+def _key(source: KernelSource, call: KernelCall) -> tuple:
+    """What one admission covers: see the module doc (constants)."""
+    if call.constants is None:
+        return (source.sha256, call.entry_point, call.params is not None)
+    return (source.sha256, call.entry_point, call.params is not None, call.constants)
 
 
 def _packaged(source: KernelSource) -> bool:

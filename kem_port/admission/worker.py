@@ -5,7 +5,7 @@ or hangs the shader compiler takes down this process, never the port.
 It opens its own device on the port's adapter, probes it for workgroup
 memory that leaks between dispatches, then sets its resource limits and
 answers requests one at a time over its pipes (``{packet,4}`` frames of
-JSON): ``{"code", "entry", "has_params"}`` ->
+JSON): ``{"code", "entry", "has_params"[, "constants"]}`` ->
 ``{"ok": true}`` or ``{"ok": false, "reason", "detail"}``. It runs the same
 ``create_shader_module`` + ``create_compute_pipeline`` the port will.
 
@@ -70,6 +70,7 @@ def compile_kernel(device: Any, request: dict) -> dict:
         return {"ok": False, "reason": "shader_error", "detail": str(exc)[:4000]}
     from kem_port.admission.first_dispatch import bindings_of, dispatch_once
     from kem_port.gpu.contract import layout_entries
+    from kem_port.gpu.pipelines import compute_stage
     from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
     try:
@@ -82,7 +83,8 @@ def compile_kernel(device: Any, request: dict) -> dict:
             entries = layout_entries(shape, bool(request["has_params"]))
             layout = device.create_pipeline_layout(bind_group_layouts=[device.create_bind_group_layout(entries=entries)])
             bindings = {0: [entry["binding"] for entry in entries]}
-        pipeline = device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": request["entry"]})
+        stage = compute_stage(module, request["entry"], request.get("constants"))  # as gpu/pipelines.py builds it
+        pipeline = device.create_compute_pipeline(layout=layout, compute=stage)
     except wgpu.GPUError as exc:
         return {"ok": False, "reason": "bad_kernel", "detail": str(exc)[:4000]}
     if request.get("first_dispatch"):

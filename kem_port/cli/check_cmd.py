@@ -57,6 +57,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         call = runner.call(
             source, bytes(args.input_size), output_size=args.output_size, hint=args.hint, params=given,
             workgroups=args.workgroups, entry_point=args.entry_point,
+            grid=args.grid, constants=dict(args.constant) if args.constant else None,
         )
         report["output_size"] = call.output_size
         common.open_device(runner, console)

@@ -10,7 +10,7 @@ from kem_port.errors import KemError
 
 
 def add_call_options(parser: argparse.ArgumentParser) -> None:
-    """How a call is shaped: output size, params, workgroups, entry point."""
+    """How a call is shaped: output size, params, workgroups or grid, constants, entry point."""
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--hint", type=int, default=1, metavar="N", help="output = input size x N (default 1)")
     size.add_argument("--output-size", type=inputs.size, metavar="BYTES", help="exact output size (e.g. 4096, 64K)")
@@ -20,7 +20,12 @@ def add_call_options(parser: argparse.ArgumentParser) -> None:
         help="uniform params as comma-separated u32 words: decimal, 0x hex, or w/h for a PNG input's size",
     )
     params.add_argument("--params-hex", type=inputs.hex_bytes, metavar="HEX", help="uniform params as raw hex bytes")
-    parser.add_argument("--workgroups", type=inputs.triple, metavar="X,Y,Z", help="override kem's dispatch rule")
+    dispatch = parser.add_mutually_exclusive_group()
+    dispatch.add_argument("--workgroups", type=inputs.triple, metavar="X,Y,Z", help="override kem's dispatch rule")
+    dispatch.add_argument("--grid", type=inputs.triple, metavar="X,Y,Z",
+                          help="invocations; kem divides by the workgroup size, rounding up")
+    parser.add_argument("--constant", type=inputs.constant, action="append", metavar="NAME=VALUE",
+                        help="a pipeline-overridable constant (an override in the kernel); repeatable")
     parser.add_argument("--entry-point", default="main", metavar="NAME", help="the @compute function (default main)")
 
 

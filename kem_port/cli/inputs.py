@@ -50,6 +50,22 @@ def triple(text: str) -> tuple[int, int, int]:
     return counts[0], counts[1], counts[2]
 
 
+def constant(text: str) -> tuple[str, int | float]:
+    """argparse type: NAME=VALUE, an integer (decimal or 0x hex) or a float."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"not NAME=VALUE: {text!r}")
+    try:
+        number: int | float = int(value, 0)
+    except ValueError:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: not a number: {value!r}") from None
+    return name, number
+
+
 def image_size(text: str) -> tuple[int, int]:
     """argparse type: WxH."""
     w, sep, h = text.lower().partition("x")

@@ -56,6 +56,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         call = runner.call(
             source, loaded.data, output_size=args.output_size, hint=args.hint, params=params,
             workgroups=args.workgroups, entry_point=args.entry_point, debug=args.debug,
+            grid=args.grid, constants=dict(args.constant) if args.constant else None,
         )
         if not runner.executor.is_warm(source, call):
             console.progress(f"compiling {source.kernel_id}")

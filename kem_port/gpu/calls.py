@@ -34,6 +34,10 @@ class KernelCall:
     entry_point: str = "main"
     output_path: str | None = None  # result goes to this shared-memory file
     debug: bool = False  # bind the debug channel (gpu/debug_run.py, docs/debug.md)
+    grid: tuple[int, int, int] | None = None  # invocations; kem divides by the workgroup size (gpu/dispatch.py)
+    # Pipeline-overridable constants, (name, value) sorted by name: a tuple
+    # so that the pipeline cache and admission can key on it (gpu/constants.py).
+    constants: tuple[tuple[str, int | float], ...] | None = None
 
     @property
     def param_words(self) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ import wgpu
 
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.constants import resolve_entry
 from kem_port.gpu.wgsl.wgsl_reflect import Binding, EntryPoint, KernelShape
 
 GROUP = 0
@@ -69,8 +70,8 @@ def uses_call_table(shape: KernelShape) -> bool:
 
 def check_table_call(entry: EntryPoint | None, call: KernelCall) -> None:
     """A call-table kernel is dispatched by kem over its calls' output words."""
-    if call.params is not None or call.workgroups is not None:
-        raise bad_args("a kernel with a call table (@binding(3)) takes neither params nor workgroups")
+    if call.params is not None or call.workgroups is not None or call.grid is not None:
+        raise bad_args("a kernel with a call table (@binding(3)) takes neither params nor workgroups nor grid")
     size = entry.workgroup_size if entry is not None else None
     if size is None or size[1:] != (1, 1):
         raise KemError("bad_kernel", "a kernel with a call table needs @workgroup_size(X) with an integer X (one row)")
@@ -84,6 +85,9 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
         raise KemError("bad_kernel", f"no entry point {call.entry_point!r} (found {', '.join(shape.entry_points)})")
     if entry is not None and entry.stage not in (None, "compute"):
         raise KemError("bad_kernel", f"entry point {call.entry_point!r} is a {entry.stage} shader, not @compute")
+    # Constants first: they size an override-sized workgroup, which every
+    # check below and the dispatch rules read (gpu/constants.py).
+    entry = resolve_entry(entry, shape, call.constants)
     if not shape.bindings:
         return entry
     tabled = uses_call_table(shape)

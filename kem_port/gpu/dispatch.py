@@ -1,6 +1,9 @@
 """How many workgroups a call gets (docs/dispatch.md explains the rule).
 
-1. ``workgroups`` given by the caller: used as is, after a limit check.
+1. ``workgroups`` given by the caller: used as is, after a limit check;
+   or **grid**: ``grid`` invocations given by the caller, divided by the
+   workgroup size rounding up (as hosts do), each dimension checked
+   against the device's limit. Never both (bad_args).
 2. **image**: a 2-D workgroup (y > 1, z = 1) whose params begin with an
    image's width and height (gpu/contract.image_params): ``p0 x p1``
    pixels, ``(ceil(p0/wx), ceil(p1/wy), 1)``, refused when ``p0 * p1``
@@ -42,8 +45,13 @@ def plan_dispatch(
     param_words: tuple[int, ...],
     workgroups: tuple[int, int, int] | None,
     limits: DispatchLimits,
+    grid: tuple[int, int, int] | None = None,
 ) -> tuple[int, int, int]:
     top = limits.max_per_dimension
+    if grid is not None:
+        if workgroups is not None:
+            raise bad_args("give grid (invocations) or workgroups, not both")
+        return _grid(entry, grid, top)
     if workgroups is not None:
         if any(g > top for g in workgroups):
             raise too_large(f"workgroups {workgroups} exceed the device's {top} per dimension")
@@ -61,8 +69,11 @@ def plan_dispatch(
     return _one_d(entry, output_size, top)
 
 
-def rule_of(entry: EntryPoint | None, workgroups: tuple[int, int, int] | None) -> str:
+def rule_of(entry: EntryPoint | None, workgroups: tuple[int, int, int] | None,
+            grid: tuple[int, int, int] | None = None) -> str:
     """The name of the rule that sizes a call's dispatch (kem check, docs/dispatch.md)."""
+    if grid is not None:
+        return "grid"
     if workgroups is not None:
         return "workgroups"
     if entry is None or entry.workgroup_size is None:
@@ -73,12 +84,30 @@ def rule_of(entry: EntryPoint | None, workgroups: tuple[int, int, int] | None) -
     return "image" if wz == 1 and entry.image_params else "none: workgroups required"
 
 
+def _grid(entry: EntryPoint | None, grid: tuple[int, int, int], top: int) -> tuple[int, int, int]:
+    if entry is None or entry.workgroup_size is None:
+        shown = entry.workgroup_size_text if entry else "?"
+        raise KemError(
+            "bad_kernel",
+            f"a grid is divided by the workgroup size, and kem cannot read @workgroup_size({shown}) "
+            "as integer literals or overrides; pass workgroups",
+        )
+    groups = tuple(_ceil_div(n, w) for n, w in zip(grid, entry.workgroup_size))
+    if any(g > top for g in groups):
+        raise too_large(
+            f"grid {grid} at @workgroup_size{entry.workgroup_size} needs {groups} workgroups; "
+            f"the device allows {top} per dimension"
+        )
+    return groups  # type: ignore[return-value]
+
+
 def _image(entry: EntryPoint, output_size: int, param_words: tuple[int, ...], top: int) -> tuple[int, int, int]:
     wx, wy, wz = entry.workgroup_size
     if not (wz == 1 and entry.image_params and len(param_words) >= 2):
         raise bad_args(
             f"no default dispatch fits @workgroup_size({wx}, {wy}, {wz}): the 1-D rule covers 1-D workgroups, "
-            "and the image rule 2-D ones whose params begin width, height (u32); pass workgroups => {X, Y, Z} "
+            "and the image rule 2-D ones whose params begin width, height (u32); pass grid => {X, Y, Z} (invocations) "
+            "or workgroups => {X, Y, Z} "
             "(docs/dispatch.md)"
         )
     pixels = param_words[0] * param_words[1]

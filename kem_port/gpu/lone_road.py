@@ -92,7 +92,8 @@ class LoneRoad:
         failure means (Executor.run_lone)."""
         call = job.call
         if not (
-            call.workgroups is None and not call.debug and call.output_path is None
+            call.workgroups is None and call.grid is None and call.constants is None  # the kit keys on neither
+            and not call.debug and call.output_path is None
             and 0 < call.output_size <= KIT_LIMIT and type(call.input) is bytes and len(call.input) <= KIT_LIMIT
         ):
             return False

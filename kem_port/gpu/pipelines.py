@@ -1,7 +1,7 @@
 """Compiled pipelines and bind groups, cached for one device.
 
 A pipeline is compiled once per (kernel sha256, entry point, with or
-without params) and kept in an LRU of PIPELINE_CACHE_SIZE; bind groups are
+without params, debug, constants set) and kept in an LRU of PIPELINE_CACHE_SIZE; bind groups are
 cached by buffer serial, offsets and sizes, so steady traffic (the same
 pooled buffers, the same shapes) creates none. Both caches are emptied
 when the device is replaced.
@@ -19,6 +19,7 @@ import wgpu
 from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
+from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants
 from kem_port.gpu.group.slot_dispatch import SlotForms
 from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, reflect
@@ -51,9 +52,10 @@ def gpu_message(exc: BaseException) -> str:
     return text[:4000] if text else type(exc).__name__
 
 
-def _key(source: KernelSource, call: KernelCall) -> tuple[str, str, bool, bool]:
-    # debug: a debug call's pipeline binds the debug channel (contract.DEBUG)
-    return (source.sha256, call.entry_point, call.params is not None, call.debug)
+def _key(source: KernelSource, call: KernelCall) -> tuple:
+    # debug: a debug call's pipeline binds the debug channel (contract.DEBUG);
+    # constants: each set is its own pipeline (None, the kernel's defaults)
+    return (source.sha256, call.entry_point, call.params is not None, call.debug, call.constants)
 
 
 class Pipelines:
@@ -97,8 +99,10 @@ class Pipelines:
         self.stats.inc("pipeline_misses")
         shape = self._shape(source)
         entry = contract.check_layout(shape, call)
+        check_workgroup_limits(entry, device.limits)  # an override may size it past them (gpu/constants.py)
         started = time.perf_counter()
-        pipeline, layout = _compile(device, source, call.entry_point, shape, call.params is not None)
+        constants = pipeline_constants(shape, call.constants)
+        pipeline, layout = _compile(device, source, call.entry_point, shape, call.params is not None, constants)
         elapsed = time.perf_counter() - started
         self.stats.inc("compiles")
         self.stats.add_time("compile", elapsed)
@@ -158,11 +162,22 @@ def _bound_key(bound: tuple) -> tuple[int, int, int]:
     return (serial_of(buf), offset, size)
 
 
-def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, shape: KernelShape, has_params: bool):
-    return compile_with_layout(device, source, entry, contract.layout_entries(shape, has_params))
+def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, shape: KernelShape, has_params: bool,
+             constants: dict[str, float]):
+    return compile_with_layout(device, source, entry, contract.layout_entries(shape, has_params), constants)
 
 
-def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str, entries: list[dict]):
+def compute_stage(module, entry: str, constants: dict[str, float] | None) -> dict:
+    """create_compute_pipeline's compute stage; constants only when given
+    (the admission worker builds the same, admission/worker.py)."""
+    stage = {"module": module, "entry_point": entry}
+    if constants:
+        stage["constants"] = constants
+    return stage
+
+
+def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str, entries: list[dict],
+                        constants: dict[str, float] | None = None):
     """Shader module, bind group layout from `entries` and pipeline, with
     naga's message as `shader_error` or `bad_kernel` (calls and sessions)."""
     try:
@@ -172,7 +187,7 @@ def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str
     try:
         layout = device.create_bind_group_layout(entries=entries)
         pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
-        pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute={"module": module, "entry_point": entry})
+        pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute=compute_stage(module, entry, constants))
     except wgpu.GPUError as exc:
         raise KemError("bad_kernel", gpu_message(exc)) from None
     return pipeline, layout

@@ -54,11 +54,11 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     pipeline = pipelines.get(device.require(), job.source, call)
     if pipeline.tabled:  # checked per call: the pipeline cache does not key on workgroups
         contract.check_table_call(pipeline.entry, call)
-    groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, device.dispatch_limits)
-    if call.workgroups is not None:
-        # A caller's own workgroups are bounded as a chain step's are (red
-        # team: {65535, 65535, 64} on a 16-byte call held the GPU thread
-        # until the caller's timeout; each dimension alone was checked).
+    groups = plan_dispatch(pipeline.entry, call.output_size, call.param_words, call.workgroups, device.dispatch_limits, call.grid)
+    if call.workgroups is not None or call.grid is not None:
+        # A caller's own workgroups (or grid) are bounded as a chain step's
+        # are (red team: {65535, 65535, 64} on a 16-byte call held the GPU
+        # thread until the caller's timeout; each dimension alone was checked).
         ChainBudget(device.config.max_output_bytes).add_dispatch(pipeline.entry, groups)
     return Prepared(
         job, pipeline, groups,
@@ -82,8 +82,8 @@ class BatchPreparer:
 
     def __call__(self, job: Job) -> Prepared:
         call = job.call
-        if call.params is not None or call.workgroups is not None:
-            return prepare(job, self._device, self._pipelines)
+        if call.params is not None or call.workgroups is not None or call.grid is not None or call.constants is not None:
+            return prepare(job, self._device, self._pipelines)  # a shape key without them would share across them
         key = (job.source.sha256, call.entry_point, call.debug, len(call.input), call.output_size)
         first = self._seen.get(key)
         if first is None:

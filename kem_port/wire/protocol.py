@@ -26,7 +26,10 @@ ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 PROTOCOL_VERSION = 4  # 3: calls and replies frames (batch_frames.py); 4: group frames (group_frames.py); answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook", "warm")
-EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug", "grid", "constants")
+# A kernel's overrides are few (the WebGPU samples declare 1-4); 64 bounds
+# what a caller can make kem check and key its caches on.
+MAX_CONSTANTS = 64
 
 
 def version_info() -> dict:
@@ -168,6 +171,48 @@ def _workgroups(value: Any) -> tuple[int, int, int]:
     return value  # type: ignore[return-value]
 
 
+def _grid(value: Any) -> tuple[int, int, int]:
+    """``grid => {X, Y, Z}`` invocations; checked as workgroups are (the
+    device's per-dimension limit is checked once the workgroup size is known)."""
+    if not (isinstance(value, tuple) and len(value) == 3 and all(type(v) is int for v in value)):
+        raise bad_args("grid must be {X, Y, Z} of integers (invocations)")
+    if any(v <= 0 or v > MAX_REQ_ID for v in value):
+        raise bad_args("grid must each be >= 1")
+    return value  # type: ignore[return-value]
+
+
+def dispatch_given(workgroups: Any, grid: Any) -> None:
+    if workgroups is not None and grid is not None:
+        raise bad_args("give grid (invocations) or workgroups, not both")
+
+
+def _constant_name(key: Any) -> str | None:
+    name = atom_name(key)
+    if name is None or isinstance(key, bool) or key is None:
+        raw = binary_bytes(key)
+        name = raw.decode("ascii", "replace") if raw is not None else None
+    return name if name is not None and (ENTRY_POINT.fullmatch(name) or name.isdigit()) else None
+
+
+def constants(value: Any) -> tuple[tuple[str, int | float], ...]:
+    """``constants => #{Name => Number}``: WGSL override names (or an
+    @id's digits) to integers or floats, sorted by name (a cache key).
+    Whether the kernel declares them and their ranges: gpu/constants.py."""
+    if not isinstance(value, dict):
+        raise bad_args("constants must be a map #{Name => Number}")
+    if len(value) > MAX_CONSTANTS:
+        raise too_large(f"{len(value)} constants; at most {MAX_CONSTANTS}")
+    named: dict[str, int | float] = {}
+    for key, item in value.items():
+        name = _constant_name(key)
+        if name is None:
+            raise bad_args(f"constants keys must be WGSL identifiers (atoms or binaries), not {key!r}")
+        if type(item) not in (int, float):
+            raise bad_args(f"constants value of {name} must be an integer or a float")
+        named[name] = item
+    return tuple(sorted(named.items()))
+
+
 def _entry_point(value: Any) -> str:
     name = atom_name(value)
     if name is None:
@@ -230,6 +275,9 @@ def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config,
         size = _output_size(len(data), hint, config)
     params = _params(named["params"], config) if "params" in named else None
     groups = _workgroups(named["workgroups"]) if "workgroups" in named else None
+    grid = _grid(named["grid"]) if "grid" in named else None
+    dispatch_given(groups, grid)
+    overrides = constants(named["constants"]) if "constants" in named else None
     entry = _entry_point(named["entry_point"]) if "entry_point" in named else "main"
     out_path = shm.output_path(shm_name(named["output_shm"])) if "output_shm" in named else None
     debug = named.get("debug", False)
@@ -237,4 +285,4 @@ def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config,
         raise bad_args("debug must be true or false")
     if debug:
         out_path = None  # a debug call answers in the reply, records beside the result
-    return KernelCall(kid, data, size, params, groups, entry, out_path, debug)
+    return KernelCall(kid, data, size, params, groups, entry, out_path, debug, grid, overrides)

@@ -16,7 +16,7 @@ from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.session.chain_plan import StepError
 from kem_port.gpu.session.sessions import check_name
 from kem_port.wire import protocol
-from kem_port.wire.protocol import _entry_point, _kernel_id, _params, _workgroups
+from kem_port.wire.protocol import _entry_point, _grid, _kernel_id, _params, _workgroups, dispatch_given
 from kem_port.wire.terms import atom_name, binary_bytes
 
 SESSION_METHODS = (
@@ -24,8 +24,8 @@ SESSION_METHODS = (
     "buffer_list", "buffer_free", "session_call", "chain",
 )
 MAX_STEPS = 256
-STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size")
-CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind")
+STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size", "grid")
+CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid")
 CHAIN_OPTS = ("input", "return")
 
 
@@ -41,6 +41,7 @@ class StepArgs:
     input: str | None
     output: str | None
     output_size: int | None
+    grid: tuple[int, int, int] | None = None  # invocations (gpu/dispatch.py); not with workgroups
 
 
 def session_ref(value: Any) -> tuple[int, int]:
@@ -117,6 +118,7 @@ def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> StepA
 
 
 def _step(opts: dict[str, Any], config: Config) -> StepArgs:
+    dispatch_given(opts.get("workgroups"), opts.get("grid"))
     return StepArgs(
         kernel_id=_kernel_id(opts["kernel"]),
         params=_params(opts["params"], config) if "params" in opts else None,
@@ -126,6 +128,7 @@ def _step(opts: dict[str, Any], config: Config) -> StepArgs:
         input=name(opts["input"]) if "input" in opts else None,
         output=name(opts["output"]) if "output" in opts else None,
         output_size=size(opts["output_size"], "output_size", config) if "output_size" in opts else None,
+        grid=_grid(opts["grid"]) if "grid" in opts else None,
     )
 
 

@@ -85,6 +85,11 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
     entry = shape.entry_points.get(entry_point)
     if entry is None or entry.stage != "compute" or entry.workgroup_size is None:
         raise Refused("the entry point's workgroup size is not integer literals")
+    if shape.overrides:
+        # The slot form is compiled once per kernel, without a call's
+        # constants (gpu/group/slot_dispatch.py): a kernel with overrides
+        # keeps one dispatch per slot, each on its own constants' pipeline.
+        raise Refused("the kernel declares override constants")
     indexes = sorted((b.group, b.binding) for b in shape.bindings)
     if indexes != [(0, 0), (0, 1)]:
         raise Refused("only kernels with exactly bindings 0 and 1 run as slots")

@@ -41,6 +41,7 @@ class Step:
     input: str | None = None
     output: str | None = None
     output_size: int | None = None
+    grid: tuple[int, int, int] | None = None  # invocations, divided by the workgroup size (gpu/dispatch.py)
 
     @property
     def param_words(self) -> tuple[int, ...]:
@@ -148,7 +149,7 @@ class Planner:
                 raise too_large(f"buffer of {slot.size} bytes is over this adapter's storage binding limit of {self.gpu.binding_limit}")
         if step.params is not None and len(step.params) > self.gpu.uniform_limit:
             raise too_large(f"params of {len(step.params)} bytes exceed the uniform limit {self.gpu.uniform_limit}")
-        groups = plan_dispatch(layout.entry, _dispatch_bytes(step, output, named, layout), step.param_words, step.workgroups, self.gpu.dispatch_limits)
+        groups = plan_dispatch(layout.entry, _dispatch_bytes(step, output, named, layout), step.param_words, step.workgroups, self.gpu.dispatch_limits, step.grid)
         self.budget.add_dispatch(layout.entry, groups)
         return PlannedStep(compiled, groups, source, output, named, step.params)
 
@@ -211,9 +212,9 @@ def _check_whole_words(read: list[Slot]) -> None:
 def _dispatch_bytes(step: Step, output: Slot, named: list[tuple[int, Slot]], layout) -> int:
     """What the default dispatch counts: the output's bytes, else the first
     writable named buffer's (a state update that returns nothing)."""
-    if output.logical > 0 or step.workgroups is not None:
+    if output.logical > 0 or step.workgroups is not None or step.grid is not None:
         return output.logical
     for (_, slot), n in zip(named, layout.named):
         if n.writable:
             return slot.logical
-    raise bad_args("nothing to size the dispatch by: no output and no writable named buffer; pass workgroups")
+    raise bad_args("nothing to size the dispatch by: no output and no writable named buffer; pass grid or workgroups")

@@ -45,9 +45,26 @@ class EntryPoint:
 
 
 @dataclass(frozen=True)
+class Override:
+    """A pipeline-overridable constant: ``[@id(N)] override NAME[: T][ = init];``."""
+
+    name: str
+    type: str  # "u32", "i32", "f32", "f16", "bool"; inferred from a literal initializer when not written
+    has_default: bool
+    id: int | None = None  # @id(N): WebGPU keys the constant by N's digits, not the name
+    default: int | float | None = None  # the initializer when it is one literal (None: an expression, or none)
+
+    @property
+    def key(self) -> str:
+        """The key WebGPU's pipeline constants take for it."""
+        return str(self.id) if self.id is not None else self.name
+
+
+@dataclass(frozen=True)
 class KernelShape:
     entry_points: dict[str, EntryPoint]
     bindings: tuple[Binding, ...]
+    overrides: tuple[Override, ...] = ()
 
     def binding(self, group: int, index: int) -> Binding | None:
         for b in self.bindings:
@@ -147,6 +164,50 @@ def _binding(node: Node, sizes: UniformSizes, storage: UniformSizes) -> Binding 
     return Binding(group, index, name, space, access, None, element)
 
 
+def _literal(node: Node) -> tuple[str | None, int | float | None]:
+    """(type, value) of a literal initializer; (None, None) for anything else."""
+    lit = node.child(0) if node.type == "const_literal" and node.child_count == 1 else node
+    text = lit.text.decode()
+    if lit.type == "int_literal":
+        kind = "u32" if text[-1:] in "uU" else "i32"  # an abstract int concretizes to i32
+        return kind, parse_int_literal(text)
+    if lit.type == "float_literal":
+        kind = "f16" if text[-1:] == "h" else "f32"
+        try:
+            return kind, float(text.rstrip("fh"))
+        except ValueError:
+            return kind, None  # hex floats: typed, value unread
+    if lit.type == "bool_literal" or text in ("true", "false"):
+        return "bool", int(text == "true")
+    return None, None
+
+
+def _override(node: Node) -> Override | None:
+    if not any(c.type == "override" for c in node.children):
+        return None
+    ident = node_id = kind = None
+    init: Node | None = None
+    after_equals = False
+    for child in node.children:
+        if child.type == "variable_identifier_declaration":
+            ident = child.child(0).text.decode() if child.child(0) is not None else None
+            decl = next((c for c in child.children if c.type == "type_declaration"), None)
+            kind = decl.text.decode() if decl is not None else None
+        elif child.type == "identifier" and ident is None:
+            ident = child.text.decode()
+        elif child.type == "=":
+            after_equals = True
+        elif after_equals and child.is_named and init is None:
+            init = child
+    for attr, args in _attributes(node):
+        if attr == "id" and args and args[0].type == "int_literal":
+            node_id = parse_int_literal(args[0].text.decode())
+    if ident is None:
+        return None
+    literal_kind, value = _literal(init) if init is not None else (None, None)
+    return Override(ident, kind or literal_kind or "", init is not None, node_id, value)
+
+
 def _walk(node: Node):
     stack = [node]
     while stack:
@@ -160,6 +221,7 @@ def reflect(source: str) -> KernelShape:
     tree = _parser().parse(source.encode("utf-8"))
     entries: dict[str, EntryPoint] = {}
     bindings: list[Binding] = []
+    overrides: list[Override] = []
     sizes, storage = UniformSizes(tree.root_node), UniformSizes(tree.root_node, uniform=False)
     for node in tree.root_node.children:
         if node.type == "function_declaration":
@@ -170,4 +232,8 @@ def reflect(source: str) -> KernelShape:
             b = _binding(node, sizes, storage)
             if b is not None:
                 bindings.append(b)
-    return KernelShape(entries, tuple(bindings))
+        elif node.type == "global_constant_declaration":
+            o = _override(node)
+            if o is not None:
+                overrides.append(o)
+    return KernelShape(entries, tuple(bindings), tuple(overrides))
