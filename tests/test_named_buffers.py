@@ -176,3 +176,13 @@ def test_a_short_uniform_a_texture_and_oversized_outputs_are_refused(named_port)
     with pytest.raises(PortError) as err:
         run(named_port, "add", {"a": b"", "b": b""}, outputs={"c": 1 << 40}, workgroups=(1, 1, 1))
     assert err.value.reason == "too_large"
+
+
+def test_a_callers_dispatch_is_bounded_by_work_not_per_dimension(named_port):
+    """BEFORE (red team): workgroups {4096, 256, 1} for 16 bytes ran, 0.5 s on the reader, and
+    {65535, 65535, 1} would have held the port ~2,000 s; each dimension alone was within the limit."""
+    four = {"a": b"\0" * 16, "b": b"\0" * 16}
+    with pytest.raises(PortError) as err:
+        run(named_port, "add", four, outputs={"c": 16}, workgroups=(65535, 65535, 1))
+    assert err.value.reason == "bad_args" and "workgroups" in err.value.detail
+    assert named_port.call("ping") == terms.atom("pong")

@@ -46,8 +46,8 @@ class WrapperEncoder:
     def set_pipeline(self, pipeline: wgpu.GPUComputePipeline) -> None:
         self._pass.set_pipeline(pipeline)
 
-    def set_bind_group(self, group: wgpu.GPUBindGroup) -> None:
-        self._pass.set_bind_group(0, group)
+    def set_bind_group(self, group: wgpu.GPUBindGroup, index: int = 0) -> None:
+        self._pass.set_bind_group(index, group)
 
     def dispatch(self, x: int, y: int = 1, z: int = 1) -> None:
         self._pass.dispatch_workgroups(x, y, z)

@@ -72,8 +72,8 @@ class NativeEncoder:
     def set_pipeline(self, pipeline: wgpu.GPUComputePipeline) -> None:
         self._lib.wgpuComputePassEncoderSetPipeline(self._pass, handle(pipeline))
 
-    def set_bind_group(self, group: wgpu.GPUBindGroup) -> None:
-        self._lib.wgpuComputePassEncoderSetBindGroup(self._pass, 0, handle(group), 0, self._path.ffi.NULL)
+    def set_bind_group(self, group: wgpu.GPUBindGroup, index: int = 0) -> None:
+        self._lib.wgpuComputePassEncoderSetBindGroup(self._pass, index, handle(group), 0, self._path.ffi.NULL)
 
     def dispatch(self, x: int, y: int = 1, z: int = 1) -> None:
         self._lib.wgpuComputePassEncoderDispatchWorkgroups(self._pass, x, y, z)

@@ -6,12 +6,13 @@ workgroup clearing and sacrificial compile, with the shader's own layout);
 the call takes its share of the port's byte budget, runs on the GPU
 thread as a control action between batches (tagged with its ReqId, so
 call_state says queued or running), and is answered with its returned
-buffers by name.
+buffers by name. Never on the reader: its dispatch is the caller's, so a
+16-byte call with workgroups {4096, 256, 1} held the reader 0.5 s on
+lavapipe (ping and call_state unanswered meanwhile).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
@@ -19,17 +20,16 @@ from kem_port.errors import KemError
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
-from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
-from kem_port.gpu.wgsl.wgsl_calls import may_loop
+from kem_port.port.gpu_loop import GpuLoop, QueueFull
 from kem_port.port.replies import Replies
 from kem_port.wire.run_requests import RunRequest
 
 
 class RunMethods:
     def __init__(self, loop: GpuLoop, resolver: KernelResolver, fetchers: Threads, replies: Replies,
-                 budget: WorkBudget, guard: CompileGuard | None, input_waiting: Callable[[], object]) -> None:
+                 budget: WorkBudget, guard: CompileGuard | None) -> None:
         self.loop, self.resolver, self.fetchers, self.replies = loop, resolver, fetchers, replies
-        self.budget, self.guard, self.input_waiting = budget, guard, input_waiting
+        self.budget, self.guard = budget, guard
 
     def handle(self, request: RunRequest) -> None:
         """Queue the call (KemError raised to the router when refused at once)."""
@@ -67,13 +67,6 @@ class RunMethods:
                 budget.give(share)
 
         run.tag = req_id  # type: ignore[attr-defined]  # call_state: queued or running (gpu_loop.state_of)
-        # A small call of a kernel that cannot loop runs on the reader when
-        # the GPU thread is idle, as a lone kernel call does (lone_call.py):
-        # waking the GPU thread doubled a 4-byte call on lavapipe (767 against
-        # 340 us for the same kernel through execute_kernel).
-        if share <= SMALL_CALL and not may_loop(source.text, source.sha256, call.entry_point) \
-                and not self.input_waiting() and self.loop.run_control_inline(run):
-            return
         try:
             self.loop.put(run)
         except QueueFull:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import wgpu
 
+from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.named.binding_model import Bound
 
 _U = wgpu.BufferUsage
@@ -37,7 +38,8 @@ class NamedKit:
         for _, x in self.returned:
             self.offsets.append(total)
             total += x.size
-        self.staging = device.create_buffer(size=max(total, 4), usage=_U.MAP_READ | _U.COPY_DST, label="kem-named-staging")
+        self.staging_size = max(total, 4)
+        self.staging = device.create_buffer(size=self.staging_size, usage=_U.MAP_READ | _U.COPY_DST, label="kem-named-staging")
         self.bytes = sum(x.size for x in bound) + total
 
     @staticmethod
@@ -45,30 +47,46 @@ class NamedKit:
         usage = (_U.UNIFORM if x.role == "uniform" else _U.STORAGE | _U.COPY_SRC) | _U.COPY_DST
         return device.create_buffer(size=x.size, usage=usage, label=f"kem-named-{x.binding.name}")
 
-    def run(self, device: wgpu.GPUDevice, pipeline: wgpu.GPUComputePipeline, bound: list[Bound],
-            groups: tuple[int, int, int]) -> dict[str, bytes]:
-        """One call of this shape: its returned buffers by WGSL name."""
-        encoder = device.create_command_encoder()
+    def run(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], groups: tuple[int, int, int],
+            spin_s: float) -> dict[str, bytes]:
+        """One call of this shape through the batch road's native calls
+        (gpu/hot_path.py: the C API where wgpu-py has it): its returned
+        buffers by WGSL name."""
         for x, buf in zip(bound, self.buffers):
-            if x.data is None:  # an output: cleared, whatever the last call left
-                encoder.clear_buffer(buf, 0, x.size)
-            else:  # written whole: the caller's bytes, then zeros to the bound size
-                device.queue.write_buffer(buf, 0, x.data + bytes(x.size - len(x.data)))
-        compute = encoder.begin_compute_pass()
-        compute.set_pipeline(pipeline)
-        for group, bind_group in self.groups.items():
-            compute.set_bind_group(group, bind_group)
-        compute.dispatch_workgroups(*groups)
-        compute.end()
-        for (i, x), offset in zip(self.returned, self.offsets):
-            encoder.copy_buffer_to_buffer(self.buffers[i], 0, self.staging, offset, x.size)
-        device.queue.submit([encoder.finish()])
-        self.staging.map_sync(wgpu.MapMode.READ)
+            if x.data is None:
+                continue
+            # Written whole: the caller's bytes, then zeros to the bound size
+            # (writes come in whole words, so a ragged tail is joined to its zeros).
+            whole = len(x.data) & ~3
+            if whole:
+                path.write(buf, 0, x.data, whole)
+            if whole < x.size:
+                path.write(buf, whole, x.data[whole:] + bytes(x.size - len(x.data)))
+        encoder = path.encoder()
         try:
-            view = self.staging.read_mapped()
+            for x, buf in zip(bound, self.buffers):
+                if x.data is None:  # an output: cleared, whatever the last call left
+                    encoder.clear_buffer(buf, 0, x.size)
+            encoder.begin_pass()
+            encoder.set_pipeline(pipeline)
+            for group, bind_group in self.groups.items():
+                encoder.set_bind_group(bind_group, group)
+            encoder.dispatch(*groups)
+            encoder.end_pass()
+            for (i, x), offset in zip(self.returned, self.offsets):
+                encoder.copy(self.buffers[i], 0, self.staging, offset, x.size)
+            commands = encoder.finish()
+        except BaseException:
+            encoder.abandon()
+            raise
+        index = path.submit(commands)
+        mapping = path.map_read(self.staging, 0, self.staging_size)
+        path.wait(mapping, spin_s, index)
+        try:
+            view = path.mapped(self.staging, 0, self.staging_size)
             return {x.binding.name: bytes(view[offset : offset + x.logical]) for (_, x), offset in zip(self.returned, self.offsets)}
         finally:
-            self.staging.unmap()
+            path.unmap(self.staging)
 
     def release(self) -> None:
         for buf in (*self.buffers, self.staging):

@@ -22,6 +22,7 @@ from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, plan_bindings
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.pipelines import gpu_message
+from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
 from kem_port.kernel_store import KernelSource
@@ -62,6 +63,9 @@ class NamedRuns:
         if returned > self.gpu.config.max_output_bytes:
             raise too_large(f"{returned} bytes would come back; KEM_MAX_OUTPUT_BYTES={self.gpu.config.max_output_bytes}")
         groups = plan_dispatch(entry, 0, (), call.workgroups, self.gpu.dispatch_limits)
+        # The caller's dispatch, bounded as a chain step's is (chain_budget.py):
+        # each dimension alone within the device's limit is not a bound on work.
+        ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
         pipeline, layouts = self._pipeline(device, source, call.entry_point, bound)
         return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point))
 
@@ -112,7 +116,7 @@ class NamedRuns:
         errors = ErrorCapture()
         kit = self._kit(device, layouts, bound, key)
         try:
-            result = errors.call(kit.run, device, pipeline, bound, groups)
+            result = errors.call(kit.run, self.gpu.hot, pipeline, bound, groups, self.gpu.lone_spin_s)
         except wgpu.GPUError as exc:
             self._drop(key)  # its state is unknown
             raise KemError("gpu_error", gpu_message(exc)) from None
