@@ -82,8 +82,14 @@ field(_, <<"params">>, Words, Acc) when is_list(Words), Words =/= [] ->
         false -> bad(<<"params must be integers 0..4294967295">>)
     end;
 field(_, <<"output_size">>, Size, Acc) when is_integer(Size), Size >= 0 -> Acc#{output_size => Size};
-field(_, <<"workgroups">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
-                                                 X > 0, Y > 0, Z > 0 -> Acc#{workgroups => {X, Y, Z}};
+field(N, <<"workgroups">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
+                                                 X > 0, Y > 0, Z > 0 ->
+    maps:is_key(grid, Acc) andalso bad(N, <<"give grid or workgroups, not both">>),
+    Acc#{workgroups => {X, Y, Z}};
+field(N, <<"grid">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
+                                          X > 0, Y > 0, Z > 0 ->
+    maps:is_key(workgroups, Acc) andalso bad(N, <<"give grid or workgroups, not both">>),
+    Acc#{grid => {X, Y, Z}};
 field(_, <<"entry_point">>, E, Acc) when is_binary(E) -> Acc#{entry_point => E};
 field(_, <<"input">>, Name, Acc) when is_binary(Name) -> Acc#{input => Name};
 field(_, <<"output">>, Name, Acc) when is_binary(Name) -> Acc#{output => Name};

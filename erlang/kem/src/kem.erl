@@ -21,6 +21,8 @@
                   output_size => non_neg_integer(),
                   params => binary(),
                   workgroups => {pos_integer(), pos_integer(), pos_integer()},
+                  grid => {pos_integer(), pos_integer(), pos_integer()},
+                  constants => #{atom() | binary() => number()},
                   entry_point => binary() | atom(),
                   timeout => timeout(),
                   max_output_bytes => non_neg_integer(),
@@ -40,7 +42,11 @@
 -define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, run]).
 
 %% @doc Run kernel KernelId on Input. Output size is `output_size', else
-%% `byte_size(Input) * output_size_hint' (hint default 1). `timeout' (ms,
+%% `byte_size(Input) * output_size_hint' (hint default 1). `workgroups'
+%% `{X, Y, Z}' sets the dispatch, or `grid' `{X, Y, Z}' invocations, which
+%% the port divides by the kernel's workgroup size rounding up (not both;
+%% docs/dispatch.md). `constants' `#{Name => Number}' set the kernel's
+%% `override' declarations (docs/kernels.md). `timeout' (ms,
 %% 1..3600000 or infinity) defaults to the app env `timeout';
 %% `max_output_bytes' refuses a larger output with `too_large' before
 %% anything runs; with `usage => true' a success is `{ok, Result, Usage}';

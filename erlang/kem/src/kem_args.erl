@@ -18,6 +18,11 @@
 -define(MAX_SIZE, (1 bsl 48)).
 -define(MAX_WORKGROUPS, (1 bsl 32)).
 -define(MAX_ENTRY_POINT, 128).
+%% A kernel's overrides are few (the WebGPU samples declare 1-4); the port
+%% takes at most 64 (kem_port/wire/protocol.py MAX_CONSTANTS), names as
+%% WGSL identifiers of at most 128 bytes, values within 64 bits.
+-define(MAX_CONSTANTS, 64).
+-define(MAX_CONSTANT, (1 bsl 64)).
 -define(IS_GROUPS(N), (is_integer(N) andalso N >= 1 andalso N =< ?MAX_WORKGROUPS)).
 -define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute]).
 %% The port's own default for max_input_bytes (kem_port/config.py): an
@@ -137,12 +142,14 @@ third(execute, Opts) when is_map(Opts) -> port_opts(Opts);
 third(execute, _) -> bad(<<"Opts must be a map">>).
 
 port_opts(Opts) ->
-    case maps:size(Opts) > 8 of
+    Both = fun(A, B) -> maps:is_key(A, Opts) andalso maps:is_key(B, Opts) end,
+    case maps:size(Opts) > 10 of
         true -> bad(<<"too many options">>);
         false ->
-            case maps:is_key(output_size, Opts) andalso maps:is_key(output_size_hint, Opts) of
-                true -> bad(<<"give output_size or output_size_hint, not both">>);
-                false -> first_error([fun() -> opt(K, V) end || {K, V} <- maps:to_list(Opts)])
+            case {Both(output_size, output_size_hint), Both(grid, workgroups)} of
+                {true, _} -> bad(<<"give output_size or output_size_hint, not both">>);
+                {_, true} -> bad(<<"give grid (invocations) or workgroups, not both">>);
+                _ -> first_error([fun() -> opt(K, V) end || {K, V} <- maps:to_list(Opts)])
             end
     end.
 
@@ -154,6 +161,14 @@ opt(params, V) when is_binary(V) -> params(V);
 opt(params, _) -> bad(<<"params must be a binary">>);
 opt(workgroups, {X, Y, Z}) when ?IS_GROUPS(X), ?IS_GROUPS(Y), ?IS_GROUPS(Z) -> ok;
 opt(workgroups, _) -> bad(<<"workgroups must be {X, Y, Z} of integers 1..2^32">>);
+%% Invocations, bounded as workgroups are: the port divides them by the
+%% kernel's workgroup size and checks the device's per-dimension limit.
+opt(grid, {X, Y, Z}) when ?IS_GROUPS(X), ?IS_GROUPS(Y), ?IS_GROUPS(Z) -> ok;
+opt(grid, _) -> bad(<<"grid must be {X, Y, Z} of integers 1..2^32 (invocations)">>);
+opt(constants, Map) when is_map(Map), map_size(Map) =< ?MAX_CONSTANTS ->
+    first_error([fun() -> constant(K, V) end || {K, V} <- maps:to_list(Map)]);
+opt(constants, Map) when is_map(Map) -> too_large(<<"at most 64 constants">>);
+opt(constants, _) -> bad(<<"constants must be a map #{Name => Number}">>);
 opt(entry_point, V) when is_atom(V) -> ok;
 opt(entry_point, V) when is_binary(V), byte_size(V) =< ?MAX_ENTRY_POINT -> ok;
 opt(entry_point, _) -> bad(<<"entry_point must be an atom or a binary of at most 128 bytes">>);
@@ -162,8 +177,20 @@ opt(debug, _) -> bad(<<"debug must be true or false">>);
 opt(timeout, _) -> bad(<<"timeout is an option of kem:execute/3, not of a port call">>);
 opt(Key, _) when is_atom(Key) ->
     bad(<<"unknown option ", (atom_to_binary(Key, utf8))/binary,
-          "; known: output_size_hint, output_size, params, workgroups, entry_point, timeout, max_output_bytes, usage, debug">>);
+          "; known: output_size_hint, output_size, params, workgroups, grid, constants, entry_point, timeout, "
+          "max_output_bytes, usage, debug">>);
 opt(_, _) -> bad(<<"option keys are atoms">>).
+
+%% An override's name (atom or binary, checked as a WGSL name by the port)
+%% and a number; whether the kernel declares it, and its type's range, are
+%% the port's to check (kem_port/gpu/constants.py).
+constant(K, V) when (is_atom(K) andalso K =/= true andalso K =/= false) orelse
+                    (is_binary(K) andalso byte_size(K) >= 1 andalso byte_size(K) =< ?MAX_ENTRY_POINT) ->
+    case (is_integer(V) andalso abs(V) =< ?MAX_CONSTANT) orelse is_float(V) of
+        true -> ok;
+        false -> bad(<<"constants values must be integers (within 64 bits) or floats">>)
+    end;
+constant(_, _) -> bad(<<"constants keys must be atoms or binaries of at most 128 bytes">>).
 
 hint(V) when is_integer(V), V >= 1, V =< ?MAX_SIZE -> ok;
 hint(V) when is_integer(V), V > ?MAX_SIZE -> too_large(<<"output_size_hint is over any limit">>);

@@ -14,7 +14,13 @@
 %%%   dispatches fewer). An 87-byte body asking for 65535 x 65535 x 64
 %%%   workgroups of `double' held a port until its timeout restarted it.
 %%%   A step with no output of its own (it writes a named buffer) is
-%%%   bounded by the largest buffer the chain holds.
+%%%   bounded by the largest buffer the chain holds. A step's `grid' is
+%%%   invocations, and the kernel's workgroup size is not known here, so
+%%%   it is bounded as if each workgroup were one invocation: X*Y*Z at
+%%%   most one per 4-byte element. The port dispatches
+%%%   ceil(X/wx)*ceil(Y/wy)*ceil(Z/wz) workgroups, never more than X*Y*Z
+%%%   (each ceil(n/w) =< n), so this holds whatever the size: a matmul's
+%%%   M x N grid for an M x N f32 output is exactly at the bound.
 %%% Sizes follow the port's rules (kem_port/gpu/chain_plan.py): a step
 %%% reads the previous step's output unless it names an `input'; its output
 %%% is `output_size' bytes, else as large as what it reads; an `output'
@@ -47,7 +53,9 @@ walk([Step | Rest], N, Previous, Named, {Made, Largest}, Budget) when is_map(Ste
     Budget =:= infinity orelse Total =< Budget orelse
         refuse(too_large, N, io_lib:format("the chain's buffers need ~b bytes by this step, over this request's "
                                            "limit of ~b", [Total, Budget])),
-    ok = dispatch(N, maps:get(workgroups, Step, none), max(Output, bytes_if_none(Output, Largest))),
+    Bytes = max(Output, bytes_if_none(Output, Largest)),
+    ok = dispatch(N, maps:get(workgroups, Step, none), Bytes),
+    ok = dispatch(N, grid, maps:get(grid, Step, none), Bytes),
     Named1 = case {maps:get(output, Step, none), New > 0} of
                  {Name, true} when Name =/= none -> Named#{key(Name) => Output};
                  _ -> Named
@@ -83,6 +91,18 @@ dispatch(N, {X, Y, Z}, Bytes) when is_integer(X), is_integer(Y), is_integer(Z) -
 dispatch(_N, _Workgroups, _Bytes) ->
     ok.
 
+dispatch(N, grid, {X, Y, Z}, Bytes) when is_integer(X), is_integer(Y), is_integer(Z) ->
+    Allowed = max(1, (Bytes + 3) div 4),
+    case X * Y * Z =< Allowed of
+        true -> ok;
+        false ->
+            refuse(bad_args, N, io_lib:format("grid [~b, ~b, ~b] is ~b invocations; an output of ~b bytes "
+                                              "allows at most ~b (one per 4-byte element)",
+                                              [X, Y, Z, X * Y * Z, Bytes, Allowed]))
+    end;
+dispatch(_N, grid, _Grid, _Bytes) ->
+    ok.
+
 named_size(none, _Named, Previous) -> Previous;
 named_size(Name, Named, Previous) -> maps:get(key(Name), Named, Previous).
 
@@ -109,6 +129,14 @@ budget_counts_every_buffer_made_test() ->
              | lists:duplicate(10, #{kernel => <<"k">>, output => acc})],
     ?assertEqual(ok, check(Reuse, <<>>, 1024)),
     ?assertEqual(ok, check(lists:duplicate(100, Step), <<>>, infinity)).
+
+grid_is_bounded_by_invocations_test() ->
+    %% A 48 x 64 f32 output: a grid of its shape is at the bound, one more row is over.
+    ?assertEqual(ok, check([#{kernel => <<"k">>, output_size => 48 * 64 * 4, grid => {64, 48, 1}}], <<>>, 1 bsl 24)),
+    ?assertMatch({error, {bad_args, <<"step 1: grid [64, 49, 1] is 3136 invocations", _/binary>>}},
+                 check([#{kernel => <<"k">>, output_size => 48 * 64 * 4, grid => {64, 49, 1}}], <<>>, 1 bsl 24)),
+    ?assertMatch({error, {bad_args, <<"step 1: grid [65535, 65535, 64]", _/binary>>}},
+                 check([#{kernel => <<"k">>, grid => {65535, 65535, 64}}], <<0:32>>, 1 bsl 24)).
 
 dispatch_is_bounded_by_the_output_test() ->
     ?assertMatch({error, {bad_args, <<"step 1: workgroups [65535, 65535, 64]", _/binary>>}},

@@ -21,6 +21,7 @@
 -type name() :: binary() | atom().
 -type step() :: #{kernel := kem:kernel_id(), params => binary(),
                   workgroups => {pos_integer(), pos_integer(), pos_integer()},
+                  grid => {pos_integer(), pos_integer(), pos_integer()},
                   entry_point => binary() | atom(), bind => #{name() => name()},
                   input => name(), output => name(), output_size => non_neg_integer()}.
 -type reason() :: kem_port:reason().
