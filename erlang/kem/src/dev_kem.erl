@@ -6,7 +6,8 @@
 %%%   (default 1);
 %%% - `execute_kernel_with_params': the same plus `params' (u32 values,
 %%%   packed as 32-bit little-endian words);
-%%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON).
+%%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON);
+%%% - `run': a kernel by named buffers (dev_kem_run);
 %%%
 %%% A request comes in one of two forms (docs/hyperbeam.md):
 %%% - a JSON body `{"kernel_id", "input_data": [bytes], ...}' (the
@@ -26,7 +27,7 @@
 -module(dev_kem).
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
-         get_adapter_info/3, execute_chain/3]).
+         get_adapter_info/3, execute_chain/3, run/3]).
 -export([duplicate_key/1, string_input/0]).  % for dev_kem_chain
 
 -define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
@@ -34,7 +35,7 @@
 %% @doc Only these keys are reachable through the device.
 -spec info(term()) -> map().
 info(_) ->
-    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info, execute_chain]}.
+    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info, execute_chain, run]}.
 
 -spec info(map(), map(), map()) -> {ok, map()}.
 info(_Msg1, _Msg2, _Opts) ->
@@ -50,7 +51,9 @@ info(_Msg1, _Msg2, _Opts) ->
                   "(content-type: application/octet-stream) with the other fields as keys">>,
             <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]">>,
             <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>,
-            <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>}}).
+            <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>,
+            <<"run">> => <<"POST kernel-id, buffers/NAME parts (bytes), outputs/NAME (sizes), workgroups X,Y,Z: "
+                           "every output and in/out buffer as buffers/NAME/body">>}}).
 
 -spec execute_kernel(map(), map(), map()) -> {ok, map()} | {error, map()}.
 execute_kernel(Msg1, Msg2, Opts) ->
@@ -92,6 +95,12 @@ execute_chain(Msg1, Msg2, Opts) ->
         {bad_request, Reason, Detail} ->
             error_reply(400, <<"Bad request">>, Reason, Detail)
     end.
+
+%% @doc A kernel called by named buffers (dev_kem_run; docs/hyperbeam.md).
+-spec run(map(), map(), map()) -> {ok, map()} | {error, map()}.
+run(Msg1, Msg2, Opts) ->
+    event(kem, {request, run}),
+    dev_kem_run:run(Msg1, Msg2, Opts).
 
 %% A JSON body is marked as such: a string in it is text, never bytes.
 chain_body(Body) when is_binary(Body), Body =/= <<>> -> {json, json_object(Body)};
