@@ -123,7 +123,7 @@ kernel_id(_) -> refuse(<<"kernel-id must be a non-empty string">>).
 %% #{<<"1">> => Bytes}}: a group's message is read back as `G/B' names.
 buffers(Map, Opts) when is_map(Map) ->
     count(Map, <<"buffers">>),
-    maps:from_list(lists:append([buffer(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)]));
+    count(maps:from_list(lists:append([buffer(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"buffers">>);
 buffers(_, _) -> refuse(<<"buffers must be a message: name => bytes (multipart parts buffers/NAME)">>).
 
 buffer(Name, Bytes, _Opts) when is_binary(Bytes) -> [{Name, Bytes}];
@@ -144,7 +144,7 @@ bytes(Slot, _) -> refuse(<<"buffer '", (shown(Slot))/binary, "' must be bytes">>
 %% part's value).
 outputs(Map, Opts) when is_map(Map) ->
     count(Map, <<"outputs">>),
-    maps:from_list(lists:append([output(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)]));
+    count(maps:from_list(lists:append([output(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"outputs">>);
 outputs(_, _) -> refuse(<<"outputs must be a message: name => size in bytes">>).
 
 output(Group, Map, Opts) when is_map(Map), map_size(Map) > 0 ->
@@ -165,8 +165,9 @@ size(Name, _) ->
              "as a number or decimal digits">>).
 
 %% A bind group's message over HTTP: its key a group number 0-3 (WebGPU's
-%% four), its keys binding numbers.
-group(G) -> lists:member(G, [<<"0">>, <<"1">>, <<"2">>, <<"3">>, 0, 1, 2, 3]).
+%% four), its keys binding numbers. Binary keys only: HyperBEAM's keys are
+%% binaries, and an integer key is kem:run/3's binding number of group 0.
+group(G) -> lists:member(G, [<<"0">>, <<"1">>, <<"2">>, <<"3">>]).
 
 slot(G, B) -> iolist_to_binary([name_text(G), "/", name_text(B)]).
 
@@ -184,7 +185,7 @@ shown(Name) ->
 
 count(Map, What) when map_size(Map) > ?MAX_BUFFERS ->
     refuse(413, too_large, iolist_to_binary(io_lib:format("~b ~s: at most ~b", [map_size(Map), What, ?MAX_BUFFERS])));
-count(_Map, _What) -> ok.
+count(Map, _What) -> Map.
 
 %% [X, Y, Z]; "X,Y,Z" (a header); #{1 => X, ...} (a list as HyperBEAM
 %% normalises it, keys 1..3 as integers or binaries).

@@ -187,7 +187,7 @@ bad_buffers_and_sizes_are_refused() ->
     ?assertMatch(#{<<"status">> := 400, <<"reason">> := <<"kernel_not_found">>}, Unknown).
 
 %% request_max_output_bytes (here 1 KiB) bounds the given bytes and the
-%% outputs, each; 65 buffers are over the port's 64.
+%% outputs, each; 65 buffers are over the port's 64, flat or in a group.
 over_the_request_budget_is_413() ->
     {ok, Default} = application:get_env(kem, request_max_output_bytes),
     ok = application:set_env(kem, request_max_output_bytes, 1024),
@@ -200,6 +200,9 @@ over_the_request_budget_is_413() ->
         Many = maps:from_list([{integer_to_binary(I), Four} || I <- lists:seq(1, 65)]),
         {error, Count} = run((add_request(Four, Four, #{<<"c">> => 4}, [1, 1, 1]))#{<<"buffers">> => Many}),
         ?assertMatch(#{<<"status">> := 413, <<"reason">> := <<"too_large">>}, Count),
+        %% The same 65 nested in one bind group's message (buffers/0/N).
+        {error, Nested} = run((add_request(Four, Four, #{<<"c">> => 4}, [1, 1, 1]))#{<<"buffers">> => #{<<"0">> => Many}}),
+        ?assertMatch(#{<<"status">> := 413, <<"reason">> := <<"too_large">>}, Nested),
         %% Within it: runs.
         W = random_words(128),
         ?assertEqual({ok, #{<<"c">> => from_words([2 * X || X <- W])}},
