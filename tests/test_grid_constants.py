@@ -15,6 +15,7 @@ import pytest
 
 from conftest import start_port
 from kem_port.client import PortError
+from kem_port.wire import terms
 from test_cli import kem
 
 # C[M, N] = A[M, K] x B[K, N]: A then B in the one input, (M, K, N) in the
@@ -220,3 +221,30 @@ def test_the_slot_form_refuses_a_kernel_with_overrides():
         rewrite(SIZED.replace("array<vec2<f32>>", "array<f32>").replace("vec2<f32>(a[i] * 2.0, f32(nwg.x))", "a[i] * 2.0"), "main")
     with pytest.raises(Refused, match="override"):
         rewrite(SCALED.replace("override SCALE: f32;", "override SCALE: f32 = 1.0;"), "main")
+
+
+def test_a_grid_call_never_runs_on_the_reader(port, rng):
+    """BEFORE (red team): a grid call passed lone_call.plain() and ran on the reader,
+    which a caller-sized dispatch could hold; it queues to the GPU thread, as workgroups do."""
+    def stat(name: str) -> int:
+        return port.call("stats").get(terms.atom(name), 0)
+
+    data = rng.integers(0, 256, 256, dtype=np.uint8).tobytes()
+    port.call("execute", b"double", data, {"grid": (64, 1, 1)})  # compiled and warm
+    before = stat("inline_calls")
+    for _ in range(3):
+        got = port.call("execute", b"double", data, {"grid": (64, 1, 1)})
+        assert got == np.frombuffer(data, np.uint32).astype(np.uint64).__mul__(2).astype(np.uint32).tobytes()
+    assert stat("inline_calls") == before
+
+
+@pytest.mark.parametrize("words, grid", [(64, 64), (1000, 300), (513, 513)])
+def test_a_chain_steps_grid_sizes_its_dispatch(port, rng, words, grid):
+    """BEFORE: a step's grid was parsed and then dropped (session_methods built its Step without it):
+    the default rule ran every word. With grid G only the first G words (rounded up to the
+    workgroup of 256) are doubled; the rest stay zero."""
+    data = rng.integers(0, 2**31, words, dtype=np.uint32)
+    got = np.frombuffer(port.call("chain", None, [{"kernel": b"double", "grid": (grid, 1, 1)}], {"input": data.tobytes()}), np.uint32)
+    covered = min(words, -(-grid // 256) * 256)
+    np.testing.assert_array_equal(got[:covered], data[:covered] * np.uint32(2))
+    assert not got[covered:].any()

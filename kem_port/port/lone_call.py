@@ -158,7 +158,8 @@ class LoneCall:
 
 
 def plain(call: KernelCall) -> bool:
-    """A call the reader may run: no explicit workgroup count (a dispatch
-    the caller sizes may be any length), no shared-memory result, no debug
-    records (those run one at a time on the GPU thread, debug_calls.py)."""
-    return call.workgroups is None and call.output_path is None and not call.debug
+    """A call the reader may run: no explicit workgroup count or grid (a
+    dispatch the caller sizes may be any length: red team, a grid call ran
+    on the reader), no shared-memory result, no debug records (those run
+    one at a time on the GPU thread, debug_calls.py)."""
+    return call.workgroups is None and call.grid is None and call.output_path is None and not call.debug

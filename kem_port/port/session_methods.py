@@ -104,7 +104,7 @@ class SessionMethods:
     def _steps(self, steps: list[sp.StepArgs]) -> tuple[Step, ...]:  # kernels resolved and admitted
         return tuple(
             Step(self._source(i, s.kernel_id, s.entry_point), s.params, s.workgroups, s.entry_point, s.bind, s.input,
-                 s.output, s.output_size)
+                 s.output, s.output_size, s.grid)
             for i, s in enumerate(steps)
         )
 
