@@ -111,10 +111,10 @@ config() ->
 ping() ->
     call(ping, {}, default_timeout()).
 
-%% @doc kem's counters and histograms in the Prometheus text format.
--spec metrics() -> binary().
+%% @doc kem's counters and histograms, Prometheus text format 0.0.4.
+-spec metrics() -> {ok, binary()}.
 metrics() ->
-    kem_metrics:text().
+    {ok, kem_metrics:text()}.
 
 %% @doc Whether each port can run kernels, on which adapter, CPU or GPU,
 %% and why not (kem_health).

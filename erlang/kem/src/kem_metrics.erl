@@ -48,6 +48,9 @@
 -define(BYTES_OUT, 5).
 -define(BUCKET1, 6).
 -define(CALL_ROW(Key), list_to_tuple([Key | lists:duplicate(4 + 18, 0)])).
+%% The methods that run kernels (kem:call/3's, run, session calls and
+%% chains): the only ones whose bytes kem_bytes_in/out_total count.
+-define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, run, session_call, chain]).
 -define(FETCH_REASONS, [id_mismatch, bad_signature, data_root_mismatch, size_mismatch,
                         header_unavailable, bad_header, pin_mismatch,
                         unsupported_signature_type, fetch_failed, unreachable,
@@ -61,7 +64,13 @@ start_link() ->
 %% microseconds and the bytes it carried in and out.
 -spec call_done(atom(), {ok, term()} | {error, term()}, non_neg_integer(),
                 {non_neg_integer(), non_neg_integer()}) -> ok.
-call_done(Method, Result, WallUs, {BytesIn, BytesOut}) ->
+call_done(Method, Result, WallUs, Bytes) ->
+    %% Bytes only for kernel calls: an adapter_info reply (~800 bytes of
+    %% JSON) or a config map is not a kernel's input or output.
+    {BytesIn, BytesOut} = case lists:member(Method, ?KERNEL_METHODS) of
+                              true -> Bytes;
+                              false -> {0, 0}
+                          end,
     %% One row per method, one update for all five figures (five updates
     %% cost ~0.7 us a call, docs/benchmarks.md "BEAM CPU per call").
     Ops = [{?CALLS, 1}, {?SUM_US, WallUs}, {?BYTES_IN, BytesIn}, {?BYTES_OUT, BytesOut},
@@ -135,7 +144,9 @@ families() ->
       Sum(fun({port_exits, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
      {<<"kem_group_frames_total">>, counter, <<"Group frames sent to a port (calls of one kernel, hint and input size)">>,
       Sum(fun({group_frames, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)},
-     {<<"kem_group_calls_total">>, counter, <<"Calls sent to a port inside group frames">>,
+     %% Not kem_group_calls_total: that is the port groups' family (one
+     %% group per adapter, kem_cluster_metrics), and a name may be one family only.
+     {<<"kem_group_frame_calls_total">>, counter, <<"Calls sent to a port inside group frames">>,
       Sum(fun({group_calls, P}) -> {ok, [{<<"port">>, to_bin(P)}]}; (_) -> no end)}
      | port_families() ++ kem_cluster_metrics:families()].
 
@@ -149,14 +160,29 @@ histogram(Method, Snap) ->
     SumUs = proplists:get_value({duration_sum_us, Method}, Snap, 0),
     {[{<<"method">>, to_bin(Method)}], Cumulative, Total, SumUs / 1.0e6}.
 
-%% The live ports' integer figures (queue depth, pool bytes...), one gauge
-%% family per figure, labelled by port.
+%% The live ports' integer figures (queue depth, pool bytes...), one family
+%% per figure, labelled by port.
 port_families() ->
     Gauges = port_gauges(),
     Keys = lists:usort([K || {K, _, _} <- Gauges]),
-    [{<<"kem_port_", (to_bin(K))/binary>>, gauge, <<"Live value of the port's own '", (to_bin(K))/binary, "' figure">>,
-      [{[{<<"port">>, to_bin(P)}], V} || {K1, P, V} <- Gauges, K1 =:= K]}
-     || K <- Keys].
+    [begin
+         {Name, Type, Scale} = port_family(to_bin(K)),
+         {Name, Type, <<"The port's own '", (to_bin(K))/binary, "' figure (since the port started)">>,
+          [{[{<<"port">>, to_bin(P)}], V * Scale} || {K1, P, V} <- Gauges, K1 =:= K]}
+     end || K <- Keys].
+
+%% A port figure's family: Prometheus wants seconds, not the port's `_us'
+%% (time summed since the port started: a counter, value / 1e6) or `_ms'
+%% (uptime, timeouts: a gauge, value / 1e3); any other figure is a gauge
+%% under its own name.
+-spec port_family(binary()) -> {binary(), counter | gauge, number()}.
+port_family(Key) ->
+    Size = byte_size(Key) - 3,
+    case Key of
+        <<Base:Size/binary, "_us">> -> {<<"kem_port_", Base/binary, "_seconds_total">>, counter, 1.0e-6};
+        <<Base:Size/binary, "_ms">> -> {<<"kem_port_", Base/binary, "_seconds">>, gauge, 1.0e-3};
+        _ -> {<<"kem_port_", Key/binary>>, gauge, 1}
+    end.
 
 to_bin(A) when is_atom(A) -> atom_to_binary(A, utf8);
 to_bin(B) when is_binary(B) -> B.

@@ -181,7 +181,7 @@ forwarded_errors_are_structured(#{front := Front}) ->
     ?assertEqual(2, maps:size(Stats)),
     [?assertMatch(#{calls := C, errors := E, pending := 0, reported := #{ports := 1}}
                     when C > 0 andalso E >= 0, S) || S <- maps:values(Stats)],
-    Text = on(Front, kem, metrics, []),
+    {ok, Text} = on(Front, kem, metrics, []),
     [?assertMatch({_, _}, binary:match(Text, <<"kem_remote_calls_total{node=\"", (atom_to_binary(N, utf8))/binary, "\"}">>))
      || N <- maps:keys(Stats)].
 
