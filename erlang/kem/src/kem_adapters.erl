@@ -45,10 +45,16 @@ choose(Adapters, Exclude) ->
         {[], []} -> [?DEFAULT]
     end.
 
-%% @doc The environment a port of Group gets on top of the settings.
+%% @doc The environment a port of Group gets on top of the settings: its
+%% adapter, and who chose it (KEM_ADAPTER_PINNED_BY), so a port on a CPU
+%% adapter blames the choice that was made (discovery's, or the `adapters'
+%% list's; only discovery's groups carry a `type'), not a KEM_ADAPTER that
+%% the operator never set (kem_port/port/health.py).
 -spec port_env(group()) -> [{string(), string()}].
 port_env(#{adapter := default}) -> [];
-port_env(#{adapter := I}) -> [{"KEM_ADAPTER", integer_to_list(I)}].
+port_env(#{adapter := I} = Group) ->
+    By = case maps:is_key(type, Group) of true -> "discovery"; false -> "adapters" end,
+    [{"KEM_ADAPTER", integer_to_list(I)}, {"KEM_ADAPTER_PINNED_BY", By}].
 
 %% @doc How many ports Group gets under the `ports' setting: a number as
 %% given; `auto' two on a discrete GPU, one otherwise. One port's GIL
@@ -135,7 +141,10 @@ choose_test() ->
     ?assertMatch([#{adapter := 2}, #{adapter := 3}], choose([Cpu, Gpu(2), Gpu(3), Gl], [])),
     ?assertMatch([#{adapter := 3}], choose([Cpu, Gpu(2), Gpu(3)], [2])),
     ?assertEqual([?DEFAULT], choose([Gl], [])),
-    ?assertEqual([{"KEM_ADAPTER", "2"}], port_env(#{adapter => 2, name => <<>>, weight => 1})),
+    ?assertEqual([{"KEM_ADAPTER", "2"}, {"KEM_ADAPTER_PINNED_BY", "adapters"}],
+                 port_env(#{adapter => 2, name => <<>>, weight => 1})),
+    [Llvmpipe] = choose([Cpu], []),
+    ?assertEqual([{"KEM_ADAPTER", "0"}, {"KEM_ADAPTER_PINNED_BY", "discovery"}], port_env(Llvmpipe)),
     ?assertEqual([], port_env(?DEFAULT)).
 
 ports_for_test() ->

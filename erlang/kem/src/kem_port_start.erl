@@ -45,6 +45,7 @@ handshake(State) ->
 %% their compile. A port that dies or stays silent here is closed.
 -spec warm(owner()) -> ok | {stop, term()}.
 warm(State = #{port := Port, next := Id, name := Name}) ->
+    ok = warn_of_cpu(State),
     true = port_command(Port, term_to_binary({call, Id, warm, {kem_spare:shapes()}})),
     case await_warm(Port, Id, Name, start_timeout()) of
         ok -> ok;
@@ -61,6 +62,36 @@ decode(Frame) ->
     end.
 
 %%% internals
+
+%% The README promises a warning when kem runs on a CPU adapter (lavapipe:
+%% every kernel runs, far slower). The port stays quiet when the node chose
+%% its adapter, so the node says it: once per port group and app start,
+%% by the group's first port to start (kem_sup's `cpu_warned' flags), with
+%% the port's own reason. A spare (no group of its own) and a port whose
+%% group has answered (1: warned, 2: a GPU) skip the question.
+warn_of_cpu(State = #{name := Name}) ->
+    case {kem_place:group_of(Name), persistent_term:get({kem, cpu_warned}, undefined)} of
+        {G, Flags} when is_integer(G), Flags =/= undefined ->
+            case atomics:get(Flags, G) of
+                0 -> warn_of_cpu(State, G, Flags);
+                _ -> ok
+            end;
+        _ ->
+            ok
+    end.
+
+warn_of_cpu(State, G, Flags) ->
+    case ask(State, health, start_timeout()) of
+        {ok, #{kind := <<"cpu">>, reason := Reason}} ->  % the reason names the adapter
+            case atomics:compare_exchange(Flags, G, 0, 1) of
+                ok -> logger:warning("kem: port group ~b runs on a CPU adapter: ~ts", [G, Reason], #{kem_group => G});
+                _ -> ok  % another port of the group warned first
+            end;
+        {ok, #{kind := _}} ->
+            atomics:put(Flags, G, 2);  % a GPU: its later ports need not ask
+        _ ->
+            ok  % no answer: warm/1 and the callers will find out
+    end.
 
 start_timeout() ->
     application:get_env(kem, start_timeout, 60000).

@@ -23,9 +23,13 @@ init([]) ->
     %% to every port owner: no port owner looks it up (kem_shm_dir).
     ShmDir = kem_shm_dir:create(),
     %% One group of `ports' ports per adapter (kem_adapters, kem_place).
-    Specs = kem_place:setup(adapter_groups(), ports_per_group()),
+    Groups = adapter_groups(),
+    Specs = kem_place:setup(Groups, ports_per_group()),
     %% One flag per port, set while it waits for its replacement process.
     persistent_term:put({kem, restarting}, atomics:new(max(1, length(Specs)), [{signed, false}])),
+    %% One flag per group, set once it has warned of a CPU adapter
+    %% (kem_port_start): one warning per group and app start, not per port.
+    persistent_term:put({kem, cpu_warned}, atomics:new(max(1, length(Groups)), [{signed, false}])),
     %% First, so its table outlives every port restart.
     Metrics = #{id => kem_metrics, start => {kem_metrics, start_link, []},
                 restart => permanent, shutdown => 5000, type => worker,
