@@ -41,7 +41,8 @@ def fallback_reason(info: dict, config: Config, pinned_by: str | None = None) ->
         return None
     name = info.get("name") or "a CPU adapter"
     if pinned_by == "discovery":
-        return f"the node's only adapter is a CPU implementation, {name} (discovery found no Vulkan GPU, or `exclude` left none): {SLOWER}"
+        why = "discovery found no Vulkan GPU, or `exclude` left none"
+        return f"the node's only adapter is a CPU implementation, {name} ({why}): {SLOWER}"
     if pinned_by == "adapters":
         return f"the node's `adapters` setting chose adapter {config.adapter}, {name}, a CPU implementation: {SLOWER}"
     if config.adapter:
