@@ -9,7 +9,7 @@
 %%% table to the node's registry, so its `/metrics' shows it.
 %%%
 %%% What is kept: calls and their wall time by method (a histogram), errors
-%%% by reason, bytes in and out, port starts and exits, and kernel
+%%% by reason, kernel calls' bytes in and out, port starts and exits, and kernel
 %%% fetch/verify failures (errors whose reason is one of
 %%% the gateway reasons). GPU-side figures (queue depth, batch sizes, pool
 %%% bytes) live in the port: `text/0' adds the live ports' values as gauges.
