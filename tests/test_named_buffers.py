@@ -69,6 +69,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 """,
+    # Host-template style: an override-sized workgroup and an override used in the arithmetic.
+    "saxpy_tmpl": """
+override WG: u32 = 64;
+override ALPHA: f32;
+@group(0) @binding(0) var<storage, read> xs: array<f32>;
+@group(0) @binding(1) var<storage, read_write> ys: array<f32>;
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&ys)) { ys[i] = ALPHA * xs[i] + ys[i]; }
+}
+""",
     "sampled": """
 @group(0) @binding(0) var tex: texture_2d<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
@@ -186,3 +198,21 @@ def test_a_callers_dispatch_is_bounded_by_work_not_per_dimension(named_port):
         run(named_port, "add", four, outputs={"c": 16}, workgroups=(65535, 65535, 1))
     assert err.value.reason == "bad_args" and "workgroups" in err.value.detail
     assert named_port.call("ping") == terms.atom("pong")
+
+
+@pytest.mark.parametrize("n, wg", [(1, 64), (1000, 64), (1000, 32), (4097, 256)])
+def test_a_host_template_runs_with_a_grid_and_its_constants(named_port, rng, n, wg):
+    xs, ys = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    got = run(named_port, "saxpy_tmpl", {"xs": xs.tobytes(), "ys": ys.tobytes()}, grid=(n, 1, 1),
+              constants={"WG": wg, "ALPHA": 1.5})
+    np.testing.assert_allclose(np.frombuffer(got["ys"], np.float32), np.float32(1.5) * xs + ys, rtol=1e-6)
+
+
+def test_a_template_without_its_constant_or_with_two_dispatches_is_refused(named_port):
+    four = {"xs": b"\0" * 16, "ys": b"\0" * 16}
+    with pytest.raises(PortError) as err:
+        run(named_port, "saxpy_tmpl", four, grid=(4, 1, 1))
+    assert err.value.reason == "bad_args" and "ALPHA" in err.value.detail
+    with pytest.raises(PortError) as err:
+        run(named_port, "saxpy_tmpl", four, grid=(4, 1, 1), workgroups=(1, 1, 1), constants={"ALPHA": 1.0})
+    assert err.value.reason == "bad_args" and "grid" in err.value.detail

@@ -109,15 +109,16 @@ class CompileGuard:
         off the reader and GPU threads."""
         return self._admit(_key(source, call), source, lambda: check_layout(reflect(source.text), call))
 
-    def is_admitted_for_session(self, source: KernelSource, entry: str) -> KernelSource | None:
-        """Like is_admitted, for a kernel run in a session or chain."""
-        return self._admitted.get((source.sha256, entry, SESSION))
+    def is_admitted_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource | None:
+        """Like is_admitted, for a kernel run in a session or chain, or by named buffers."""
+        return self._admitted.get(_session_key(source, entry, constants))
 
-    def admit_for_session(self, source: KernelSource, entry: str) -> KernelSource:
-        """admit() for a session or chain kernel: the same refusals, limits,
-        workgroup clearing and sacrificial compile; its bindings are checked
-        by the session contract when the chain is planned."""
-        return self._admit((source.sha256, entry, SESSION), source, lambda: None)
+    def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource:
+        """admit() for a session or chain kernel, or one called by named
+        buffers (its own layout): the same refusals, limits, workgroup
+        clearing and sacrificial compile, with the call's constants set
+        when it has one (each set is its own program, as for calls)."""
+        return self._admit(_session_key(source, entry, constants), source, lambda: None)
 
     def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
         found = self._admitted.get(key)
@@ -161,6 +162,8 @@ class CompileGuard:
             text = zero_workgroup_memory(source.text) if clear else source.text
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
+            if len(key) > 3:
+                request["constants"] = pipeline_constants(reflect(source.text), key[3])
         else:
             request = {"code": text, "entry": entry, "has_params": shape}
             if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
@@ -299,3 +302,9 @@ def guard_from_config(config, stats=None) -> CompileGuard:
         adapter=config.adapter,
     )
     return CompileGuard(settings, RejectStore(directory), stats)
+
+
+def _session_key(source: KernelSource, entry: str, constants: tuple | None) -> tuple:
+    """A session or named-buffer kernel's admission key: its constants set
+    only when it has one (so the key without stays the sessions' own)."""
+    return (source.sha256, entry, SESSION) if not constants else (source.sha256, entry, SESSION, constants)

@@ -17,7 +17,9 @@ from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
 from kem_port.errors import KemError
+from kem_port.gpu.constants import resolve_entry
 from kem_port.gpu.executor import Executor
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
@@ -37,23 +39,26 @@ class RunMethods:
         source = self.resolver.resolve_local(call.kernel_id)
         if source is None and not self.resolver.needs_fetch(call.kernel_id):
             raise KemError("kernel_not_found", f"no kernel {call.kernel_id!r} on this node")
-        admitted = self._admitted(source, call.entry_point)
+        admitted = self._admitted(source, call)
         if admitted is not None:
             self._queue(request, admitted)
             return
         self.fetchers.submit(self.replies.answering, request.req_id, lambda: self._queue(request, self._admit(request, source)))
 
-    def _admitted(self, source: KernelSource | None, entry: str) -> KernelSource | None:
+    def _admitted(self, source: KernelSource | None, call) -> KernelSource | None:
         if source is None or self.guard is None:
             return source
-        return self.guard.is_admitted_for_session(source, entry)
+        return self.guard.is_admitted_for_session(source, call.entry_point, call.constants)
 
     def _admit(self, request: RunRequest, source: KernelSource | None) -> KernelSource:
         """On a fetch thread: the kernel fetched if need be, then put through the guard."""
         call = request.call
         if source is None:
             source = self.resolver.fetch(call.kernel_id, request.deadline)
-        return self.guard.admit_for_session(source, call.entry_point) if self.guard is not None else source
+        # The call's constants against the kernel's overrides first: a missing
+        # one would fail the worker's compile as bad_kernel, not name it.
+        resolve_entry(None, reflect(source.text), call.constants)
+        return self.guard.admit_for_session(source, call.entry_point, call.constants) if self.guard is not None else source
 
     def _queue(self, request: RunRequest, source: KernelSource) -> None:
         req_id, call, share = request.req_id, request.call, request.call.batch_bytes

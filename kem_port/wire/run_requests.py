@@ -4,7 +4,8 @@ buffers (issue 25; gpu/named/binding_model.py binds them).
 ``{call, ReqId, run, {KernelId, Buffers, Opts}, TimeoutMs}``: Buffers maps
 a WGSL variable name (binary or atom), ``<<"G/B">>`` or a binding number
 (group 0) to its bytes; Opts may hold ``outputs => #{Name => Bytes}``,
-``workgroups => {X, Y, Z}`` and ``entry_point``. Every size is checked here,
+``workgroups => {X, Y, Z}`` or ``grid => {X, Y, Z}``, ``entry_point`` and
+``constants => #{Name => Number}``. Every size is checked here,
 before anything is allocated: the inputs together within
 KEM_MAX_INPUT_BYTES, the outputs together within KEM_MAX_OUTPUT_BYTES.
 """
@@ -17,11 +18,11 @@ from typing import Any, NamedTuple
 from kem_port.config import Config
 from kem_port.errors import bad_args, too_large
 from kem_port.gpu.named.binding_model import NamedCall
-from kem_port.wire.protocol import _binary, _entry_point, _kernel_id, _workgroups, options
+from kem_port.wire.protocol import _binary, _entry_point, _grid, _kernel_id, _workgroups, constants, options
 from kem_port.wire.terms import atom_name, binary_bytes
 
 MAX_BUFFERS = 64  # far over WebGPU's 8 storage + 12 uniform buffers a stage: a bound before the kernel is read
-RUN_OPTS = ("outputs", "workgroups", "entry_point")
+RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}|[0-3]/[0-9]{1,4}|[0-9]{1,4}")
 
 
@@ -45,8 +46,12 @@ def read_run(req_id: int, args: Any, config: Config, deadline: float | None, tim
     if total_out > config.max_output_bytes:  # with in/out buffers, checked again once bound (gpu/named/named_run.py)
         raise too_large(f"outputs of {total_out} bytes are over KEM_MAX_OUTPUT_BYTES={config.max_output_bytes}")
     groups = _workgroups(opts["workgroups"]) if "workgroups" in opts else None
+    grid = _grid(opts["grid"]) if "grid" in opts else None
+    if groups is not None and grid is not None:
+        raise bad_args("give grid (invocations) or workgroups, not both")
     entry = _entry_point(opts["entry_point"]) if "entry_point" in opts else "main"
-    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry), deadline, timeout_s)
+    overrides = constants(opts["constants"]) if "constants" in opts else None
+    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry, grid, overrides), deadline, timeout_s)
 
 
 def _named_map(value: Any, what: str, read) -> dict:

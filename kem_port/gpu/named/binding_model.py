@@ -31,6 +31,8 @@ class NamedCall:
     outputs: dict[str, int]  # output sizes in bytes, by the same keys
     workgroups: tuple[int, int, int] | None = None
     entry_point: str = "main"
+    grid: tuple[int, int, int] | None = None  # invocations (gpu/dispatch.py)
+    constants: tuple[tuple[str, int | float], ...] | None = None  # pipeline constants (gpu/constants.py)
 
     @property
     def batch_bytes(self) -> int:

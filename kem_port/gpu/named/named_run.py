@@ -21,7 +21,8 @@ from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, plan_bindings
 from kem_port.gpu.named.named_kit import NamedKit
-from kem_port.gpu.pipelines import gpu_message
+from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry
+from kem_port.gpu.pipelines import compute_stage, gpu_message
 from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
@@ -55,19 +56,21 @@ class NamedRuns:
         entry = shape.entry_points.get(call.entry_point)
         if entry is None or entry.stage != "compute":
             raise KemError("bad_kernel", f"no @compute entry point {call.entry_point!r} (found {', '.join(shape.entry_points) or 'none'})")
-        if call.workgroups is None:
-            raise bad_args("a call by named buffers gives its dispatch: workgroups => {X, Y, Z}; "
+        if call.workgroups is None and call.grid is None:
+            raise bad_args("a call by named buffers gives its dispatch: grid => {X, Y, Z} (invocations) or workgroups; "
                            "kem's default rules are for kem@1.0-shaped kernels only (docs/dispatch.md)")
+        entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
+        check_workgroup_limits(entry, device.limits)
         bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit))
         returned = sum(x.logical for x in bound if x.returned)  # outputs and in/out buffers
         if returned > self.gpu.config.max_output_bytes:
             raise too_large(f"{returned} bytes would come back; KEM_MAX_OUTPUT_BYTES={self.gpu.config.max_output_bytes}")
-        groups = plan_dispatch(entry, 0, (), call.workgroups, self.gpu.dispatch_limits)
+        groups = plan_dispatch(entry, 0, (), call.workgroups, self.gpu.dispatch_limits, call.grid)
         # The caller's dispatch, bounded as a chain step's is (chain_budget.py):
         # each dimension alone within the device's limit is not a bound on work.
         ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
-        pipeline, layouts = self._pipeline(device, source, call.entry_point, bound)
-        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point))
+        pipeline, layouts = self._pipeline(device, source, call.entry_point, bound, pipeline_constants(shape, call.constants))
+        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, call.constants))
 
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
@@ -75,8 +78,9 @@ class NamedRuns:
             shape = self._shapes[source.sha256] = reflect(source.text)
         return shape
 
-    def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, entry: str, bound: list[Bound]) -> tuple:
-        key = (source.sha256, entry)
+    def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, entry: str, bound: list[Bound],
+                  constants: dict[str, float]) -> tuple:
+        key = (source.sha256, entry, tuple(sorted(constants.items())))  # each constants set is its own pipeline
         found = self._pipelines.get(key)
         if found is not None:
             self._pipelines.move_to_end(key)
@@ -91,7 +95,7 @@ class NamedRuns:
             layouts = errors.call(self._layouts, device, bound)
             pipeline = errors.call(lambda: device.create_compute_pipeline(
                 layout=device.create_pipeline_layout(bind_group_layouts=list(layouts.values())),
-                compute={"module": module, "entry_point": entry}))
+                compute=compute_stage(module, entry, constants)))
         except wgpu.GPUError as exc:
             raise KemError("bad_kernel", gpu_message(exc)) from None
         self.stats.inc("compiles")
