@@ -21,21 +21,18 @@ Nothing GPU-side lives in a module global: a :class:`Runner` owns one
 executor (device, compiled pipelines, buffer pool). :func:`run` uses a
 default Runner made on first use; make your own to pick settings.
 
-Every kernel is admitted as the port admits it before this process compiles
-it (admission/guard.py): kem's contract, the structural limits, the
-workgroup-memory clearing, and the first compile in the sacrificial worker
-under its stack, memory and time limits. A kernel that would crash or bloat
-the shader compiler is ``kernel_rejected`` and never reaches naga here:
-before issue 24, ``kem check`` died by SIGSEGV on 3,000 nested parentheses.
-Kernels packaged with kem skip the worker, as in the port. Refusals are
-remembered in memory for the Runner's life, not in the node's store on
-disk: a developer's machine, limits or load should not decide for a node.
+Every kernel is admitted as the port admits it (admission/guard.py: the
+contract, structural limits, workgroup clearing, the first compile in the
+sacrificial worker), so one that would crash the shader compiler is
+``kernel_rejected`` here too (``kem check`` died by SIGSEGV on 3,000 nested
+parentheses before issue 24). Refusals are remembered for the Runner's
+life only: a developer's machine should not decide for a node. Any kernel
+by named buffers: :func:`run_named` (api_named.py, docs/kernels.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,15 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.api_gpu import GpuLayer, gpu_layer  # noqa: F401  (GpuLayer: part of the API's surface)
-from kem_port.api_values import Input, Params, file_kernel_id, input_bytes, params_bytes, shape_output
+from kem_port import api_named
+from kem_port.api_values import Input, Params, checked_call, file_kernel_id, input_bytes, params_bytes, shape_output
 from kem_port.errors import KemError
 from kem_port.kernel_store import KernelResolver, KernelSource, default_stores, source_from_bytes
-from kem_port.wire.protocol import KernelCall, kernel_call
+from kem_port.wire.protocol import KernelCall
 from kem_port.stats import Stats
-
 
 
 @dataclass
@@ -170,21 +166,8 @@ class Runner:
         constants: Mapping[str, int | float] | None = None,
     ) -> KernelCall:
         """A KernelCall checked by the port's own rules (protocol.kernel_call)."""
-        atom = terms.atom
-        opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode()), atom("debug"): debug}
-        if output_size is not None:
-            opts[atom("output_size")] = operator.index(output_size)
-        else:
-            opts[atom("output_size_hint")] = operator.index(hint)
-        if params is not None:
-            opts[atom("params")] = terms.Binary(params)
-        if workgroups is not None:
-            opts[atom("workgroups")] = tuple(operator.index(g) for g in workgroups)
-        if grid is not None:
-            opts[atom("grid")] = tuple(operator.index(g) for g in grid)
-        if constants is not None:
-            opts[atom("constants")] = {terms.Binary(str(k).encode()): v for k, v in constants.items()}
-        return kernel_call("execute", (terms.Binary(source.kernel_id.encode()), terms.Binary(data), opts), self.config)
+        return checked_call(self.config, source.kernel_id, data, output_size=output_size, hint=hint, params=params,
+                            workgroups=workgroups, entry_point=entry_point, debug=debug, grid=grid, constants=constants)
 
     def compile(self, source: KernelSource, call: KernelCall) -> Any:
         """Check the kernel against kem's contract and compile it (naga); the Pipeline."""
@@ -310,3 +293,8 @@ def run(
         kernel, input, output_size=output_size, hint=hint, params=params,
         workgroups=workgroups, entry_point=entry_point, dtype=dtype, grid=grid, constants=constants,
     )
+
+
+def run_named(kernel: str | Path, buffers: Mapping, outputs: Mapping | None = None, **options: Any) -> dict[str, np.ndarray]:
+    """Any kernel by named buffers, on the shared Runner: :func:`kem_port.api_named.run_named`."""
+    return api_named.run_named(kernel, buffers, outputs, runner=options.pop("runner", None) or default_runner(), **options)

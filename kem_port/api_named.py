@@ -6,7 +6,7 @@ the spirit of wgpu-py's ``compute_with_buffers``::
 
     a, b = np.ones(1000, np.float32), np.arange(1000, dtype=np.float32)
     out = api.run_named("add.wgsl", {"a": a, "b": b}, outputs={"c": ((1000,), np.float32)},
-                        workgroups=(16, 1, 1))
+                        grid=(1000, 1, 1))
     assert (out["c"] == a + b).all()
 
 Buffers are keyed as the port keys them (gpu/named/binding_model.py): the
@@ -36,19 +36,19 @@ Output = Union[int, tuple[Any, Any]]  # bytes, or (shape, dtype)
 
 
 def run_named(kernel: str | Path, buffers: Mapping[str | int, Any], outputs: Mapping[str | int, Output] | None = None,
-              *, workgroups: tuple[int, int, int], entry_point: str = "main", runner: Any = None) -> dict[str, np.ndarray]:
+              *, runner: Any, workgroups: tuple[int, int, int] | None = None, grid: tuple[int, int, int] | None = None,
+              constants: Mapping[str, int | float] | None = None, entry_point: str = "main") -> dict[str, np.ndarray]:
     """The kernel's returned buffers (outputs and in/outs) by WGSL name, as
-    numpy arrays; KemError (reason, detail) for anything the port refuses.
-    ``runner``: a :class:`kem_port.api.Runner` (default: the shared one)."""
-    if runner is None:
-        from kem_port.api import default_runner
-
-        runner = default_runner()
+    numpy arrays, run on ``runner`` (a :class:`kem_port.api.Runner`;
+    ``kem_port.api.run_named`` uses the shared one); KemError (reason,
+    detail) for anything the port refuses."""
     source = runner.source(kernel)
     outputs = dict(outputs or {})
+    opts = {"outputs": {_key(k): _size(v) for k, v in outputs.items()}, "entry_point": entry_point.encode(),
+            "workgroups": workgroups and tuple(workgroups), "grid": grid and tuple(grid),
+            "constants": constants and {str(k).encode(): v for k, v in constants.items()}}
     args = (source.kernel_id.encode(), {_key(k): input_bytes(v) for k, v in buffers.items()},
-            {terms.atom("outputs"): {_key(k): _size(v) for k, v in outputs.items()},
-             terms.atom("workgroups"): tuple(workgroups), terms.atom("entry_point"): entry_point.encode()})
+            {terms.atom(k): v for k, v in opts.items() if v is not None})
     call = read_run(0, terms.to_term(args), runner.config, None, None).call  # the port's own checks
     resolve_entry(None, reflect(source.text), call.constants)  # named before the worker's compile could fail on them
     admitted = runner.guard.admit_for_session(source, call.entry_point, call.constants)

@@ -3,14 +3,17 @@ as u32 words, numpy or bytes out."""
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 
 from kem_port.errors import bad_args
+from kem_port.wire import terms
+from kem_port.wire.protocol import kernel_call
 
 Input = Union[bytes, bytearray, memoryview, np.ndarray]
 Params = Union[bytes, bytearray, Sequence[int], np.ndarray, None]
@@ -52,3 +55,24 @@ def shape_output(out: bytes, input: Input, dtype: Any) -> np.ndarray | bytes:
     if len(out) % dt.itemsize:
         raise bad_args(f"output of {len(out)} bytes is not a whole number of {dt} items; pass dtype=np.uint8 or bytes")
     return np.frombuffer(out, dtype=dt)
+
+
+def checked_call(config: Any, kernel_id: str, data: bytes, *, output_size: int | None, hint: int, params: bytes | None,
+                 workgroups: Sequence[int] | None, entry_point: str, debug: bool, grid: Sequence[int] | None,
+                 constants: Mapping[str, int | float] | None) -> Any:
+    """A KernelCall checked by the port's own rules (protocol.kernel_call), from Python values."""
+    atom = terms.atom
+    opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode()), atom("debug"): debug}
+    if output_size is not None:
+        opts[atom("output_size")] = operator.index(output_size)
+    else:
+        opts[atom("output_size_hint")] = operator.index(hint)
+    if params is not None:
+        opts[atom("params")] = terms.Binary(params)
+    if workgroups is not None:
+        opts[atom("workgroups")] = tuple(operator.index(g) for g in workgroups)
+    if grid is not None:
+        opts[atom("grid")] = tuple(operator.index(g) for g in grid)
+    if constants is not None:
+        opts[atom("constants")] = {terms.Binary(str(k).encode()): v for k, v in constants.items()}
+    return kernel_call("execute", (terms.Binary(kernel_id.encode()), terms.Binary(data), opts), config)

@@ -23,20 +23,13 @@ the call's pipeline constants when it has any):
    (_confirm), and only a second failure refuses and remembers it.
 
 Constants are part of what is admitted, and the worker compiles with them:
-an override can size a workgroup, a workgroup array or a loop's bound,
-so the driver's compile of one constants set is not the compile of
-another (a constant made a loop count that the backend unrolls, or a
-workgroup array of 16k floats, is a new program to the compiler). A call
-whose constants set was never compiled in the worker is not admitted by
-an admission of the same kernel without them. A call without constants
-keeps the 3-part key that the reader's lone road looks up itself
-(port/lone_call.py); a call with constants never finds its pipeline
-there under that key, and Executor.is_warm (the pipeline cache keys on
-the constants too) sends it to intake's road, where this guard decides.
+an override can size a workgroup, a workgroup array or a loop's bound, so
+each constants set is a new program to the compiler. A call without
+constants keeps the 3-part key the reader's lone road looks up itself
+(port/lone_call.py); one with constants is admitted for its set only.
 
-Admitted pipelines are remembered in memory: a known kernel costs one set
-lookup (``is_admitted``). Kernels packaged with kem are admitted without
-the worker.
+Admitted pipelines are remembered in memory: a known kernel costs one
+lookup (``is_admitted``); kernels packaged with kem skip the worker.
 """
 
 from __future__ import annotations
@@ -111,14 +104,12 @@ class CompileGuard:
 
     def is_admitted_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource | None:
         """Like is_admitted, for a kernel run in a session or chain, or by named buffers."""
-        return self._admitted.get(_session_key(source, entry, constants))
+        return self._admitted.get(_admission_key(source, entry, SESSION, constants))
 
     def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource:
-        """admit() for a session or chain kernel, or one called by named
-        buffers (its own layout): the same refusals, limits, workgroup
-        clearing and sacrificial compile, with the call's constants set
-        when it has one (each set is its own program, as for calls)."""
-        return self._admit(_session_key(source, entry, constants), source, lambda: None)
+        """admit() for a session, chain or named-buffer kernel (its own layout),
+        with the call's constants set when it has one, as for calls."""
+        return self._admit(_admission_key(source, entry, SESSION, constants), source, lambda: None)
 
     def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
         found = self._admitted.get(key)
@@ -283,10 +274,13 @@ class CompileGuard:
 
 
 def _key(source: KernelSource, call: KernelCall) -> tuple:
-    """What one admission covers: see the module doc (constants)."""
-    if call.constants is None:
-        return (source.sha256, call.entry_point, call.params is not None)
-    return (source.sha256, call.entry_point, call.params is not None, call.constants)
+    return _admission_key(source, call.entry_point, call.params is not None, call.constants)
+
+
+def _admission_key(source: KernelSource, entry: str, kind: bool | str, constants: tuple | None) -> tuple:
+    """What one admission covers (the module doc): the constants set only when there is one."""
+    base = (source.sha256, entry, kind)
+    return base if not constants else base + (constants,)
 
 
 def _packaged(source: KernelSource) -> bool:
@@ -302,9 +296,3 @@ def guard_from_config(config, stats=None) -> CompileGuard:
         adapter=config.adapter,
     )
     return CompileGuard(settings, RejectStore(directory), stats)
-
-
-def _session_key(source: KernelSource, entry: str, constants: tuple | None) -> tuple:
-    """A session or named-buffer kernel's admission key: its constants set
-    only when it has one (so the key without stays the sessions' own)."""
-    return (source.sha256, entry, SESSION) if not constants else (source.sha256, entry, SESSION, constants)
