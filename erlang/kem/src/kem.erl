@@ -166,7 +166,7 @@ session_call(Session, KernelId, Input, Opts) ->
                 Timeout = case is_map(Opts) of true -> maps:get(timeout, Opts, default_timeout()); false -> none end,
                 Run = fun() -> kem_session:call(Session, KernelId, Input, Opts) end,
                 Reply = element(1, counted(session_call, usage_kernel(KernelId), Input, Run)),
-                quarantine_on_timeout(kernel_id(KernelId), Timeout, Reply)
+                kem_quarantine:on_timeout(kernel_id(KernelId), Timeout, default_timeout(), Reply)
             end).
 %% A chain that outlived the default timeout on the GPU counts against its
 %% kernels (kem_timeout:kernel_was_stuck/1), for chains only (`{chain,
@@ -258,7 +258,7 @@ checked_call(Method, Args, Timeout) ->
     end,
     WallUs = erlang:monotonic_time(microsecond) - Start,
     {KernelId, BytesIn} = kernel_and_input(Args),
-    BytesOut = case Reply of {ok, Bin} when is_binary(Bin) -> byte_size(Bin); _ -> 0 end,
+    BytesOut = reply_bytes(Reply),
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
               us => WallUs, clock => wall, node => Node}}.
@@ -284,7 +284,7 @@ port_call(Method, Args, Timeout) ->
             case kem_place:pick(KernelId) of
                 {ok, I, Port} ->
                     Start = erlang:monotonic_time(microsecond),
-                    Reply = quarantine_on_timeout(Kernel, Timeout, kem_shm:call(Port, Method, Args, Timeout)),
+                    Reply = kem_quarantine:on_timeout(Kernel, Timeout, default_timeout(), kem_shm:call(Port, Method, Args, Timeout)),
                     ok = kem_place:done(I, Reply, erlang:monotonic_time(microsecond) - Start),
                     Reply;
                 Error ->
@@ -304,7 +304,7 @@ chain_checked(Steps, Opts) ->
             Input = case is_map(Opts) of true -> maps:get(input, Opts, <<>>); false -> <<>> end,
             Timeout = case is_map(Opts) of true -> maps:get(timeout, Opts, default_timeout()); false -> none end,
             {Reply, Usage} = counted(chain, chain_kernels(Steps), Input, fun() -> kem_session:chain(Steps, Opts) end),
-            {quarantine_on_timeout(chain_quarantine(Kernels), Timeout, Reply), Usage};
+            {kem_quarantine:on_timeout(chain_quarantine(Kernels), Timeout, default_timeout(), Reply), Usage};
         Error ->
             {Error, no_usage()}
     end.
@@ -330,11 +330,7 @@ counted(Method, KernelId, Input, Run) ->
     Reply = Run(),
     WallUs = erlang:monotonic_time(microsecond) - Start,
     BytesIn = case is_binary(Input) of true -> byte_size(Input); false -> 0 end,
-    BytesOut = case Reply of
-                   {ok, Bin} when is_binary(Bin) -> byte_size(Bin);
-                   {ok, Named} when is_map(Named) -> lists:sum([byte_size(B) || B <- maps:values(Named), is_binary(B)]);
-                   _ -> 0
-               end,
+    BytesOut = reply_bytes(Reply),
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut, us => WallUs, clock => wall,
               node => node()}}.
@@ -359,11 +355,18 @@ usage_kernel(_) -> undefined.
 no_usage() ->
     #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall, node => node()}.
 
+kernel_and_input({K, Buffers, _Opts}) when is_binary(K), is_map(Buffers) ->  % run: named buffers
+    {K, lists:sum([byte_size(B) || B <- maps:values(Buffers), is_binary(B)])};
 kernel_and_input(Args) when tuple_size(Args) >= 2,
                             is_binary(element(1, Args)), is_binary(element(2, Args)) ->
     {element(1, Args), byte_size(element(2, Args))};
 kernel_and_input(_) ->
     {undefined, 0}.
+
+%% A result's bytes: a binary, or a map of them (run's named buffers, a chain's return).
+reply_bytes({ok, Bin}) when is_binary(Bin) -> byte_size(Bin);
+reply_bytes({ok, Named}) when is_map(Named) -> lists:sum([byte_size(B) || B <- maps:values(Named), is_binary(B)]);
+reply_bytes(_) -> 0.
 
 kernel_of(Method, Args) ->
     case lists:member(Method, ?KERNEL_METHODS) of
@@ -373,22 +376,6 @@ kernel_of(Method, Args) ->
 
 quarantine_check(none) -> ok;
 quarantine_check(Kernel) -> kem_quarantine:check(Kernel).
-
-%% Only a kernel that outlived the full default timeout: a caller that asked
-%% for less cannot get a kernel refused for everyone. Nor one whose call
-%% only waited, for a fetch or in the queue (kem_timeout).
-quarantine_on_timeout(Kernels, Timeout, {error, {timeout, _}} = Result) when is_list(Kernels) ->
-    [quarantine_on_timeout(K, Timeout, Result) || K <- Kernels],
-    Result;
-quarantine_on_timeout(Kernel, Timeout, {error, {timeout, _}} = Result)
-        when Kernel =/= none, is_integer(Timeout) ->
-    case Timeout >= default_timeout() andalso kem_timeout:kernel_was_stuck(Result) of
-        true -> ok = kem_quarantine:add(Kernel);
-        false -> ok
-    end,
-    Result;
-quarantine_on_timeout(_Kernel, _Timeout, Result) ->
-    Result.
 
 each_port(Method) ->
     case persistent_term:get({kem, ports}, undefined) of

@@ -13,7 +13,7 @@
 -module(kem_quarantine).
 -behaviour(gen_server).
 
--export([start_link/0, check/1, add/1]).
+-export([start_link/0, check/1, add/1, on_timeout/4]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
 -define(TABLE, ?MODULE).
@@ -72,6 +72,24 @@ prune(_) ->
     ok.
 
 now_ms() -> erlang:monotonic_time(millisecond).
+
+%% @doc Quarantine a timed-out call's kernel(s), Result passed through.
+%% Only a kernel that outlived the full default timeout: a caller that asked
+%% for less cannot get a kernel refused for everyone. Nor one whose call
+%% only waited, for a fetch or in the queue (kem_timeout).
+-spec on_timeout(term(), timeout(), timeout(), term()) -> term().
+on_timeout(Kernels, Timeout, Default, {error, {timeout, _}} = Result) when is_list(Kernels) ->
+    [on_timeout(K, Timeout, Default, Result) || K <- Kernels],
+    Result;
+on_timeout(Kernel, Timeout, Default, {error, {timeout, _}} = Result)
+        when Kernel =/= none, is_integer(Timeout) ->
+    case Timeout >= Default andalso kem_timeout:kernel_was_stuck(Result) of
+        true -> ok = add(Kernel);
+        false -> ok
+    end,
+    Result;
+on_timeout(_Kernel, _Timeout, _Default, Result) ->
+    Result.
 
 init([]) ->
     _ = ets:new(?TABLE, [named_table, public, set, {read_concurrency, true}]),
