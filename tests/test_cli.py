@@ -196,7 +196,8 @@ def test_adapters_without_a_usable_adapter_answers_cleanly(tmp_path):
     [
         (["run", "no_such_kernel", "--hex", "00"], 1, "kem: kernel_not_found: no kernel 'no_such_kernel'"),
         (["run", "double", "--hex", "00", "--output-size", "0x"], 2, "not a size"),
-        (["run", "double"], 2, "one of the arguments --input --hex --random is required"),
+        (["run", "double"], 2, "give an input (--input, --hex or --random), or buffers by name"),
+        (["run", "double", "--hex", "00", "--out", "c=4"], 2, "or the buffers by name (--buffer/--out), not both"),
         (["run", "double", "--hex", "00", "--params", "1,2"], 1, "kem: bad_args: params given, but the kernel declares no @binding(2)"),
         (["run", "glitch", "--hex", "00", "--params", "w,h"], 1, "kem: --params uses 'w', which needs a PNG --input"),
         (["run", "double", "--input", "/nonexistent/x"], 1, "kem: cannot read /nonexistent/x"),

@@ -216,3 +216,24 @@ def test_a_template_without_its_constant_or_with_two_dispatches_is_refused(named
     with pytest.raises(PortError) as err:
         run(named_port, "saxpy_tmpl", four, grid=(4, 1, 1), workgroups=(1, 1, 1), constants={"ALPHA": 1.0})
     assert err.value.reason == "bad_args" and "grid" in err.value.detail
+
+
+def test_the_cli_runs_a_kernel_by_named_buffers(tmp_path, rng):
+    """kem run --buffer/--out: two inputs from a file and random bytes, outputs written by name."""
+    from test_cli import kem
+
+    (tmp_path / "sumdiff.wgsl").write_text(KERNELS["sumdiff"])
+    n = 300
+    a = rng.integers(0, 2**31, n, dtype=np.uint32)
+    b = rng.integers(0, 2**31, n, dtype=np.uint32)
+    (tmp_path / "a.bin").write_bytes(a.tobytes())
+    (tmp_path / "b.bin").write_bytes(b.tobytes())
+    done = kem(tmp_path, "run", str(tmp_path / "sumdiff.wgsl"), "--buffer", f"a=@{tmp_path / 'a.bin'}",
+               "--buffer", f"b=@{tmp_path / 'b.bin'}", "--out", f"total={4 * n}", "--out", f"1/3={4 * n}",
+               "--grid", str(n), "--out-dir", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out" / "total.bin", np.uint32), a + b)
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out" / "delta.bin", np.uint32), a - b)
+    missing = kem(tmp_path, "run", str(tmp_path / "sumdiff.wgsl"), "--buffer", "a=random:16", "--buffer", "b=hex:00000000",
+                  "--out", "total=16", "--grid", "4")
+    assert missing.returncode == 1 and "bad_args" in missing.stderr.decode() and "delta" in missing.stderr.decode()

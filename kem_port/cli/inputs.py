@@ -80,24 +80,24 @@ def load_input(args: argparse.Namespace, limit: int) -> Loaded:
     if args.hex is not None:
         return Loaded(args.hex)
     if args.random is not None:
-        _within(args.random, limit, "--random")
+        within(args.random, limit, "--random")
         return Loaded(np.random.default_rng(args.seed).bytes(args.random))
     try:
         if args.input == "-":
             raw = sys.stdin.buffer.read(limit + 1)
         else:
             path = Path(args.input)
-            _within(path.stat().st_size, limit, args.input)
+            within(path.stat().st_size, limit, args.input)
             raw = path.read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read {args.input}: {exc.strerror}") from None
-    _within(len(raw), limit, args.input)
+    within(len(raw), limit, args.input)
     if raw.startswith(PNG_MAGIC) and not args.raw:
         return _decode_png(raw, args.input)
     return Loaded(raw)
 
 
-def _within(size: int, limit: int, what: str) -> None:
+def within(size: int, limit: int, what: str) -> None:
     if size > limit:
         raise CliError(f"too_large: {what} is over KEM_MAX_INPUT_BYTES={limit}" + ("" if what == "-" else f" ({size} bytes)"))
 

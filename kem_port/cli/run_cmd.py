@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kem_port.cli import common, inputs, output
+from kem_port.cli import common, inputs, output, run_named
 from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
 
@@ -20,23 +20,25 @@ def add_parser(sub) -> None:
             "(KEM_KERNEL_DIR, the packaged examples, or an Arweave ID fetched and "
             "verified as the port does)."
         ),
-        epilog="example: kem run double --random 64K --seed 1 -o out.bin",
+        epilog="examples: kem run double --random 64K --seed 1 -o out.bin; "
+               "kem run add.wgsl --buffer a=@a.bin --buffer b=random:4K --out c=4K --grid 1024 --out-dir out/",
     )
     parser.add_argument("kernel", metavar="KERNEL", help="a .wgsl file or a kernel id (an id starting with '-': put it after '--')")
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--input", metavar="FILE", help="input bytes from FILE ('-' for stdin); a PNG is decoded to RGBA")
     source.add_argument("--hex", type=inputs.hex_bytes, metavar="HEX", help="input bytes as hex")
     source.add_argument("--random", type=inputs.size, metavar="BYTES", help="this many random input bytes")
     parser.add_argument("--seed", type=int, help="seed for --random (default: fresh)")
     parser.add_argument("--raw", action="store_true", help="pass a PNG --input through as bytes, undecoded")
     common.add_call_options(parser)
+    run_named.add_options(parser)
     parser.add_argument("-o", "--output", metavar="FILE", help="write the output here ('-' for stdout)")
     parser.add_argument("--debug", action="store_true", help="bind the kernel's debug channel and print its records on stderr (docs/debug.md)")
     parser.add_argument(
         "--png", nargs="?", const="input", type=_png_size, metavar="WxH",
         help="encode the RGBA output as a PNG of WxH pixels (default: the PNG input's size)",
     )
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=handle, usage_error=parser.error)
 
 
 def _png_size(text: str):
@@ -46,6 +48,12 @@ def _png_size(text: str):
 def handle(args: argparse.Namespace, console: Console) -> int:
     from kem_port.api import Runner
 
+    if args.buffer or args.out:  # any kernel by named buffers (run_named.py)
+        if args.input is not None or args.hex is not None or args.random is not None:
+            args.usage_error("give the input as --input/--hex/--random, or the buffers by name (--buffer/--out), not both")
+        return run_named.handle(args, console)
+    if args.input is None and args.hex is None and args.random is None:
+        args.usage_error("give an input (--input, --hex or --random), or buffers by name (--buffer NAME=..., --out NAME=BYTES)")
     runner = Runner()
     loaded = inputs.load_input(args, runner.config.max_input_bytes)
     params = inputs.parse_params(args.params, args.params_hex, loaded.image_size)
