@@ -237,3 +237,23 @@ def test_the_cli_runs_a_kernel_by_named_buffers(tmp_path, rng):
     missing = kem(tmp_path, "run", str(tmp_path / "sumdiff.wgsl"), "--buffer", "a=random:16", "--buffer", "b=hex:00000000",
                   "--out", "total=16", "--grid", "4")
     assert missing.returncode == 1 and "bad_args" in missing.stderr.decode() and "delta" in missing.stderr.decode()
+
+
+def test_kem_check_says_what_a_call_by_named_buffers_must_supply(tmp_path):
+    """BEFORE: `kem check` called such a kernel invalid (binding 1 must be the output) and stopped there."""
+    from test_cli import kem
+
+    (tmp_path / "matmul.wgsl").write_text(KERNELS["matmul"])
+    (tmp_path / "sampled.wgsl").write_text(KERNELS["sampled"])
+    done = kem(tmp_path, "check", str(tmp_path / "matmul.wgsl"), "--json")
+    assert done.returncode == 0, done.stderr
+    report = __import__("json").loads(done.stdout)
+    assert report["ok"] is False and report["named"]["ok"] is True
+    assert [(b["name"], b["role"]) for b in report["bindings"]] == [("lhs", "input"), ("rhs", "input"), ("product", "output"), ("dims", "uniform")]
+    supply = report["named"]["supply"]
+    assert [s.split(" ")[0] for s in supply["inputs"]] == ["lhs", "rhs"] and supply["uniforms"] == ["dims (@group(0) @binding(5)): 12 bytes"]
+    assert supply["outputs"][0].startswith("product") and "grid" in report["named"]["dispatch_rule"]
+    refused = kem(tmp_path, "check", str(tmp_path / "sampled.wgsl"), "--json")
+    report = __import__("json").loads(refused.stdout)
+    assert refused.returncode == 1 and report["named"]["ok"] is False
+    assert any("tex" in p and "not a buffer" in p for p in report["named"]["problems"])

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kem_port.cli import common, inputs
+from kem_port.cli.check_named import declared_role, named_report, print_named
 from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
 
@@ -68,8 +69,9 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         report["ok"] = True
     except KemError as exc:
         report.update(ok=False, reason=exc.reason, error=exc.detail)
+    report["named"] = named_report(runner, source, shape, args.entry_point, dict(args.constant) if args.constant else None)
     _print(report, args)
-    if not report["ok"]:
+    if not report["ok"] and not report["named"]["ok"]:
         raise CliError(f"{args.kernel}: not a valid kem kernel: {report['reason']}")
     return 0
 
@@ -89,7 +91,7 @@ def describe_shape(shape: KernelShape) -> dict:
         "bindings": [
             {
                 "group": b.group, "binding": b.binding, "name": b.name, "address_space": b.address_space,
-                "access": b.access, "role": ROLES.get((b.group, b.binding), "not bound by kem"),
+                "access": b.access, "role": declared_role(b), "kem@1.0": ROLES.get((b.group, b.binding), "not bound"),
             }
             for b in shape.bindings
         ],
@@ -124,5 +126,7 @@ def _print(report: dict, args: argparse.Namespace) -> None:
         print(f"dispatch  {shown}  (rule: {report['dispatch_rule']})")
         print(f"ok        a valid kem kernel (compiled on {report['adapter']})")
     else:
-        print(f"error     {report['reason']}:", file=sys.stderr)
-        print("  " + report["error"].replace("\n", "\n  "), file=sys.stderr)
+        stream = sys.stdout if report["named"]["ok"] else sys.stderr  # not an error when it runs by named buffers
+        print(f"kem@1.0   {'not this contract' if report['named']['ok'] else 'error'}: {report['reason']}:", file=stream)
+        print("  " + report["error"].replace("\n", "\n  "), file=stream)
+    print_named(report)

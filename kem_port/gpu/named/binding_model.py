@@ -85,6 +85,8 @@ def plan_bindings(shape: KernelShape, call: NamedCall, limits: Limits) -> list[B
     if any(b.group >= MAX_GROUPS for b in bindings):
         raise KemError("bad_kernel", f"WebGPU has bind groups 0-{MAX_GROUPS - 1}")
     _check_keys(bindings, call)
+    if not any(role_of(b) == "output" for b in bindings):
+        raise KemError("bad_kernel", "the kernel writes no buffer (no var<storage, read_write>): nothing would come back")
     bound = [_bind(b, call, limits) for b in bindings]
     _check_counts(bound, limits)
     return bound

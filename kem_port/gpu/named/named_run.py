@@ -72,6 +72,12 @@ class NamedRuns:
         pipeline, layouts = self._pipeline(device, source, call.entry_point, bound, pipeline_constants(shape, call.constants))
         return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, call.constants))
 
+    def compile(self, source: KernelSource, call: NamedCall) -> None:
+        """Compile the pipeline a call of this shape runs, without running it (kem check)."""
+        shape = self._shape(source)
+        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit))
+        self._pipeline(self.gpu.require(), source, call.entry_point, bound, pipeline_constants(shape, call.constants))
+
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
         if shape is None:
