@@ -84,7 +84,10 @@ class NamedKit:
         path.wait(mapping, spin_s, index)
         try:
             view = path.mapped(self.staging, 0, self.staging_size)
-            return {x.binding.name: bytes(view[offset : offset + x.logical]) for (_, x), offset in zip(self.returned, self.offsets)}
+            # This call's lengths, not the kit's maker's: one kit serves every
+            # length that pads to its sizes (21..24 bytes bind 24).
+            return {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
+                    for (i, _), offset in zip(self.returned, self.offsets)}
         finally:
             path.unmap(self.staging)
 

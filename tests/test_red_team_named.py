@@ -1,0 +1,164 @@
+"""Red team of the run method (issue 25): a kernel called by named buffers.
+Hostile calls through the real port; every reuse of a kit must keep one
+caller's bytes from another, and every hostile term is answered."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from test_request_budgets import SPIN, spin_input, spin_reference
+from kem_port.client import PortError
+from kem_port.wire import terms
+
+KERNELS = {
+    # reads a fixed-size array: 64 words whatever the binding's size
+    "fixed_in": """
+@group(0) @binding(0) var<storage, read> a: array<u32, 64>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&out)) { out[i] = a[i]; }
+}
+""",
+    "fixed_out": """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32, 64>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    out[i] = out[i] + 1u;
+}
+""",
+    # copies a whole in/out buffer and a whole uniform out: nothing of a previous caller may show
+    "copy_all": """
+struct U { v: array<vec4<u32>, 4> }
+@group(0) @binding(0) var<uniform> u: U;
+@group(0) @binding(1) var<storage, read_write> io: array<u32>;
+@group(0) @binding(2) var<storage, read_write> seen: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    for (var i = 0u; i < 16u; i++) { seen[i] = u.v[i / 4u][i % 4u]; }
+    for (var i = 0u; i < arrayLength(&io); i++) { seen[16u + i] = io[i]; io[i] = io[i] + 0u; }
+}
+""",
+    "uni_mat": """
+@group(0) @binding(0) var<uniform> m: mat4x4<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(1)
+fn main() { for (var i = 0u; i < 16u; i++) { out[i] = m[i / 4u][i % 4u]; } }
+""",
+    "two_entries": """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(0) var<storage, read_write> b: array<u32>;
+@compute @workgroup_size(1)
+fn first() { }
+@compute @workgroup_size(1)
+fn second() { b[0] = 7u; }
+""",
+    "atomics": """
+@group(0) @binding(0) var<storage, read_write> counter: array<atomic<u32>>;
+@compute @workgroup_size(64)
+fn main() { atomicAdd(&counter[0], 1u); }
+""",
+    "storage_tex": """
+@group(0) @binding(0) var img: texture_storage_2d<rgba8unorm, write>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { textureStore(img, vec2<i32>(0, 0), vec4<f32>(1.0)); out[0] = 1u; }
+""",
+    "sampler": """
+@group(0) @binding(0) var s: sampler;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { out[0] = 1u; }
+""",
+    "group5": """
+@group(5) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { out[0] = 1u; }
+""",
+    "huge_binding": """
+@group(0) @binding(4000000000) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { out[0] = 1u; }
+""",
+    "vec4_out": """
+@group(0) @binding(0) var<storage, read_write> out: array<vec4<u32>>;
+@compute @workgroup_size(1)
+fn main() { for (var i = 0u; i < arrayLength(&out); i++) { out[i] = vec4<u32>(i + 1u); } }
+""",
+    "spin_cold": SPIN.replace("x ^= x << 13u", "x ^= x << 12u"),  # never warmed: call_state while admitting
+    "spin": SPIN,  # test_request_budgets: input[1] rounds of an unrolled xorshift per invocation
+}
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("red_named")
+    for name, text in KERNELS.items():
+        (kernels / f"{name}.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as p:
+        yield p
+
+
+def run(port, kernel: str, buffers: dict, **opts) -> dict[str, bytes]:
+    named = {k.encode() if isinstance(k, str) else k: v for k, v in buffers.items()}
+    if "outputs" in opts:
+        opts["outputs"] = {k.encode() if isinstance(k, str) else k: v for k, v in opts["outputs"].items()}
+    got = port.call("run", kernel.encode(), named, opts)
+    return {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in got.items()}
+
+
+def _state(port, req_id: int) -> str:
+    found = port.call("call_state", req_id)
+    return terms.binary_bytes({terms.atom_name(k): v for k, v in found.items()}["state"]).decode()
+
+
+def test_reused_kits_never_show_a_previous_callers_uniform_in_out_or_output_bytes(port):
+    secret_u, secret_io = bytes(range(100, 164)), b"\xee" * 24
+    first = run(port, "copy_all", {"u": secret_u, "io": secret_io}, outputs={"seen": 160}, workgroups=(1, 1, 1))
+    assert first["seen"][:64] == secret_u and first["seen"][64:88] == secret_io
+    # the same padded shape (io 21..24 bytes -> 24 bound), a shorter in/out and a larger uniform
+    u = b"\1" * 64
+    got = run(port, "copy_all", {"u": u, "io": b"\2" * 21}, outputs={"seen": 160}, workgroups=(1, 1, 1))
+    assert got["seen"][:64] == u
+    assert got["seen"][64:88] == b"\2" * 21 + bytes(3) and got["seen"][88:] == bytes(72)
+    assert got["io"] == b"\2" * 21
+
+
+def test_a_reused_kit_returns_this_callers_lengths(port):
+    """BEFORE (red team): a kit kept its maker's lengths: after a 24-byte call, a 21-byte in/out buffer
+    came back as 24 bytes, and after a 21-byte call a 24-byte one came back cut to 21."""
+    for n in (24, 21, 22, 24, 21):
+        got = run(port, "copy_all", {"u": b"\1" * 64, "io": bytes([n]) * n}, outputs={"seen": 160}, workgroups=(1, 1, 1))
+        assert got["io"] == bytes([n]) * n
+    for n in (28, 25, 28):
+        got = run(port, "copy_all", {"u": b"\1" * 64, "io": b"\3" * 4}, outputs={"seen": n}, workgroups=(1, 1, 1))
+        assert len(got["seen"]) == n
+
+
+def test_textures_samplers_high_groups_and_clashing_entry_points_are_refused(port):
+    for kernel, outputs in (("storage_tex", {"out": 4}), ("sampler", {"out": 4}), ("group5", {"out": 4}),
+                            ("huge_binding", {"out": 4})):
+        with pytest.raises(PortError) as err:
+            run(port, kernel, {}, outputs=outputs, workgroups=(1, 1, 1))
+        assert err.value.reason == "bad_kernel", err.value
+    assert run(port, "atomics", {"counter": b"\0" * 4}, workgroups=(3, 1, 1))["counter"] == (192).to_bytes(4, "little")
+
+
+def test_call_state_says_running_for_a_long_run_and_queued_behind_it(port):
+    """Held: call_state of a run on the GPU thread and of one queued behind it (run_methods tags both)."""
+    run(port, "spin", {"input": spin_input(1, 7)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))  # admitted
+    opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
+    ids = port.next_req_ids(2)
+    frames = [port.call_raw_frame(terms.encode(port._request(r, "run", (b"spin", {b"input": spin_input(20000, r)}, opts), 600_000)), [r])[0]
+              for r in ids]
+    time.sleep(0.2)
+    assert [_state(port, r) for r in ids] == ["running", "queued"]
+    for f in frames:
+        f.result(60)
