@@ -24,6 +24,9 @@ run(Mode, OutFile) ->
     {ok, Before} = kem:stats(),
     Small = latencies(fun() -> KemCall(?SMALL) end, maps:get(small_calls, P)),
     EchoSmall = latencies(fun() -> EchoCall(?SMALL) end, maps:get(small_calls, P)),
+    %% The same kernel as a call by named buffers (kem:run/3, issue 25),
+    %% against the kem@1.0 call moving the same bytes, in turn.
+    Named = general_rows(KemCall, maps:get(small_calls, P)),
     {Rates, Groups} = lists:unzip([{{C, R}, {C, G}} || C <- [1, 8, 64],
                                                    {R, G} <- [grouped(fun() -> rate(KemCall, C, maps:get(seconds, P)) end)]]),
     EchoRates = [{C, rate(EchoCall, C, maps:get(seconds, P))} || C <- [1, 8, 64]],
@@ -56,10 +59,14 @@ run(Mode, OutFile) ->
             calls_64_over_seed => Rate64 / SeedRate,
             bulk_64mb_over_echo => ratio(64, Bulk, EchoBulk)},
         coalesced => Coalesced,
+        general => by_key(Named),
         port_stats_delta => delta(Before, After)},
     ok = file:write_file(OutFile, kem_json:encode(Result)),
     print(Result, Sizes),
     print_coalesced(Coalesced),
+    [io:format("  general call by named buffers (double, ~b B): p50 ~p us  p99 ~p us   | kem@1.0 call p50 ~p us  p99 ~p us~n",
+               [B, maps:get(named_p50_us, R), maps:get(named_p99_us, R), maps:get(plain_p50_us, R), maps:get(plain_p99_us, R)])
+     || {B, R} <- Named],
     io:format("kem bench: wrote ~s~n", [OutFile]),
     ok.
 
@@ -93,6 +100,22 @@ settle(Until) ->
         true -> timer:sleep(50), settle(Until);
         false -> ok
     end.
+
+%% p50/p99 of a call by named buffers and of the kem@1.0 call with the same
+%% bytes, at 4 B and 64 KiB, measured in alternating rounds of 100 calls.
+general_rows(KemCall, N) ->
+    [{Bytes, general_row(KemCall, binary:copy(<<1, 2, 3, 4>>, Bytes div 4), N)} || Bytes <- [4, 65536]].
+
+general_row(KemCall, Bin, N) ->
+    Words = byte_size(Bin) div 4,
+    Run = fun() -> {ok, #{<<"output_words">> := _}} =
+                       kem:run(?DOUBLE, #{<<"input_words">> => Bin}, #{outputs => #{output_words => byte_size(Bin)},
+                                                                       grid => {Words, 1, 1}}) end,
+    Run(),
+    Rounds = max(1, N div 200),
+    {Named0, Plain0} = lists:unzip([{latencies(Run, 100), latencies(fun() -> KemCall(Bin) end, 100)} || _ <- lists:seq(1, Rounds)]),
+    {Named, Plain} = {lists:sort(lists:append(Named0)), lists:sort(lists:append(Plain0))},
+    #{named_p50_us => pct(Named, 50), named_p99_us => pct(Named, 99), plain_p50_us => pct(Plain, 50), plain_p99_us => pct(Plain, 99)}.
 
 latencies(Fun, N) ->
     [Fun() || _ <- lists:seq(1, 50)],  % warm: compile, pool
