@@ -119,6 +119,35 @@ def _state(port, req_id: int) -> str:
     return terms.binary_bytes({terms.atom_name(k): v for k, v in found.items()}["state"]).decode()
 
 
+def test_a_storage_buffer_shorter_than_its_fixed_size_type_is_bad_args_naming_it(port):
+    """BEFORE (red team): 4 bytes for `array<u32, 64>` was allocated, encoded and refused by wgpu as
+    gpu_error, its text wgpu's internals ("In wgpuCommandEncoderFinish ... bound with size 4 where the
+    shader expects 256"); docs/kernels.md promises bad_args naming the buffer before anything runs."""
+    for kernel, buffers, outputs, name in (("fixed_in", {"a": b"\0" * 4}, {"out": 256}, "'a'"),
+                                           ("fixed_out", {"a": b"\0" * 4}, {"out": 4}, "'out'")):
+        with pytest.raises(PortError) as err:
+            run(port, kernel, buffers, outputs=outputs, workgroups=(1, 1, 1))
+        assert err.value.reason == "bad_args", err.value
+        assert name in err.value.detail and "256" in err.value.detail and "wgpu" not in err.value.detail
+    secret = bytes(range(1, 256)) + b"\x01"
+    got = run(port, "fixed_in", {"a": secret}, outputs={"out": 256}, workgroups=(1, 1, 1))
+    assert got["out"] == secret
+
+
+def test_an_output_of_part_of_an_element_is_refused_not_padded_with_zeros(port):
+    """BEFORE (red team): 20 bytes for `array<vec4<u32>>` ran with arrayLength 1, and the caller got
+    16 computed bytes and 4 zero bytes the kernel never wrote, as if they were its answer."""
+    assert run(port, "vec4_out", {}, outputs={"out": 32}, workgroups=(1, 1, 1))["out"] == \
+        np.repeat(np.array([1, 2], np.uint32), 4).tobytes()
+    for size in (20, 8):
+        with pytest.raises(PortError) as err:
+            run(port, "vec4_out", {}, outputs={"out": size}, workgroups=(1, 1, 1))
+        assert err.value.reason == "bad_args" and "'out'" in err.value.detail and "16-byte" in err.value.detail, err.value
+    with pytest.raises(PortError) as err:  # in place too: 4 of the caller's bytes were silently ignored
+        run(port, "vec4_out", {"out": b"\1" * 20}, workgroups=(1, 1, 1))
+    assert err.value.reason == "bad_args" and "'out'" in err.value.detail
+
+
 def test_reused_kits_never_show_a_previous_callers_uniform_in_out_or_output_bytes(port):
     secret_u, secret_io = bytes(range(100, 164)), b"\xee" * 24
     first = run(port, "copy_all", {"u": secret_u, "io": secret_io}, outputs={"seen": 160}, workgroups=(1, 1, 1))

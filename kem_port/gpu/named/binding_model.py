@@ -147,6 +147,24 @@ def _storage(b: Binding, role: str, data: bytes | None, logical: int, limits: Li
     return Bound(b, role, data, size, logical)
 
 
+def check_sizes(bound: list[Bound]) -> None:
+    """Each storage buffer fills its type, before a call runs (not in kem
+    check's probe, whose 4-byte buffers stand for any size)."""
+    for x in bound:
+        b = x.binding
+        if x.role == "uniform":
+            continue
+        # WebGPU refuses a binding shorter than a fixed-size type only once the
+        # dispatch is encoded (4 bytes for array<u32, 64>: gpu_error in wgpu's words).
+        if b.min_size is not None and x.logical < b.min_size:
+            raise bad_args(f"{b.name!r} ({_declared(b)}) is {b.min_size} bytes; {x.logical} given")
+        # Part of an element is not seen by the kernel (arrayLength rounds down):
+        # 20 bytes of vec4<u32> would come back as 16 computed bytes and 4 zeros.
+        if b.element_size and x.size % b.element_size:
+            raise bad_args(f"{b.name!r} ({_declared(b)}) holds {b.element_size}-byte elements; "
+                           f"{x.logical} bytes is not a whole number of them")
+
+
 def _check_counts(bound: list[Bound], limits: Limits) -> None:
     storage = sum(1 for x in bound if x.role != "uniform")
     uniforms = len(bound) - storage

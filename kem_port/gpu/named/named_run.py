@@ -19,7 +19,7 @@ import wgpu
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
-from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, plan_bindings
+from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, check_sizes, plan_bindings
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry
 from kem_port.gpu.pipelines import compute_stage, gpu_message
@@ -62,6 +62,7 @@ class NamedRuns:
         entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
         check_workgroup_limits(entry, device.limits)
         bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit))
+        check_sizes(bound)
         returned = sum(x.logical for x in bound if x.returned)  # outputs and in/out buffers
         if returned > self.gpu.config.max_output_bytes:
             raise too_large(f"{returned} bytes would come back; KEM_MAX_OUTPUT_BYTES={self.gpu.config.max_output_bytes}")

@@ -26,7 +26,7 @@ class Binding:
     name: str
     address_space: str  # "storage", "uniform", ... ("" if not written)
     access: str  # "read", "read_write" or "" (uniform / default)
-    min_size: int | None = None  # a uniform's type size (wgsl_layout), None if unknown
+    min_size: int | None = None  # a uniform's or a fixed-size storage type's size (wgsl_layout), None if unknown or runtime-sized
     element_size: int | None = None  # a storage array's element stride (wgsl_layout), None if unknown
     members: tuple[tuple[str, str], ...] = ()  # a uniform struct's (name, type) members, in order
 
@@ -161,7 +161,8 @@ def _binding(node: Node, sizes: UniformSizes, storage: UniformSizes) -> Binding 
     if space == "uniform":
         return Binding(group, index, name, space, access, sizes.size_of(type_node), None, sizes.members(type_node))
     element = storage.element_stride(type_node) if space == "storage" else None
-    return Binding(group, index, name, space, access, None, element)
+    size = storage.size_of(type_node) if space == "storage" else None  # None for a runtime-sized array
+    return Binding(group, index, name, space, access, size, element)
 
 
 def _literal(node: Node) -> tuple[str | None, int | float | None]:
