@@ -148,6 +148,15 @@ def test_an_output_of_part_of_an_element_is_refused_not_padded_with_zeros(port):
     assert err.value.reason == "bad_args" and "'out'" in err.value.detail
 
 
+def test_a_key_that_is_not_a_name_is_answered_as_the_caller_wrote_it(port):
+    """BEFORE (red team): the detail read `"OtpErlangBinary(b'0/4000000000',bits=8)" is not a buffer
+    name`: the port's own Python types, not the caller's term."""
+    with pytest.raises(PortError) as err:
+        run(port, "atomics", {"0/4000000000": b"\0" * 4}, workgroups=(1, 1, 1))
+    assert err.value.reason == "bad_args"
+    assert "OtpErlang" not in err.value.detail and "0/4000000000" in err.value.detail, err.value.detail
+
+
 def test_reused_kits_never_show_a_previous_callers_uniform_in_out_or_output_bytes(port):
     secret_u, secret_io = bytes(range(100, 164)), b"\xee" * 24
     first = run(port, "copy_all", {"u": secret_u, "io": secret_io}, outputs={"seen": 160}, workgroups=(1, 1, 1))
@@ -169,6 +178,36 @@ def test_a_reused_kit_returns_this_callers_lengths(port):
     for n in (28, 25, 28):
         got = run(port, "copy_all", {"u": b"\1" * 64, "io": b"\3" * 4}, outputs={"seen": n}, workgroups=(1, 1, 1))
         assert len(got["seen"]) == n
+
+
+HOSTILE = [
+    ({10**5000: b"\0" * 4}, {}, "too_large"),
+    ({(1, 2): b"\0" * 4}, {}, "bad_args"),
+    ({1.0: b"\0" * 4}, {}, "bad_args"),
+    ({b"counter": {b"x": b"y"}}, {}, "bad_args"),
+    ({b"counter": [1, 2]}, {}, "bad_args"),
+    ({terms.atom("counter"): b"\0" * 4, b"counter": b"\0" * 4}, {}, "bad_args"),
+    ({0: b"\0" * 4, b"0": b"\0" * 4}, {}, "bad_args"),
+    ({0: b"\0" * 4, b"0/0": b"\0" * 4}, {}, "bad_args"),
+    ({b"c\xffounter": b"\0" * 4}, {}, "bad_args"),
+    ({b"counter": b"\0" * 4}, {"outputs": {b"counter": 10**5000}}, "too_large"),
+    ({b"counter": b"\0" * 4}, {"outputs": [1]}, "bad_args"),
+    ({b"counter": b"\0" * 4}, {"entry_point": b"nope"}, "bad_kernel"),
+    ({b"counter": b"\0" * 4}, {"constants": {b"X": 1}}, "bad_args"),
+    ({b"counter": b"\0" * 4}, {"grid": (1, 1)}, "bad_args"),
+    ({b"counter": b"\0" * 4}, {"workgroups": (2**63, 1, 1)}, "too_large"),
+    ({str(i).encode(): b"" for i in range(65)}, {}, "bad_frame"),  # the decoder's bound on a map
+]
+
+
+@pytest.mark.parametrize("buffers, opts, reason", HOSTILE)
+def test_hostile_terms_are_answered_and_the_port_lives(port, buffers, opts, reason):
+    opts = {"workgroups": (1, 1, 1), **opts}
+    with pytest.raises(PortError) as err:
+        port.call("run", b"atomics", buffers, opts)
+    assert err.value.reason == reason, err.value
+    assert "Traceback" not in err.value.detail and "OtpErlang" not in err.value.detail, err.value.detail
+    assert port.call("ping") == terms.atom("pong")
 
 
 def test_textures_samplers_high_groups_and_clashing_entry_points_are_refused(port):

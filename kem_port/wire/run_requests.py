@@ -77,8 +77,16 @@ def _key(key: Any) -> str:
         raw = binary_bytes(key)
         name = raw.decode("ascii", "replace") if raw is not None else None
     if name is None or not _KEY.fullmatch(name):
-        raise bad_args(f"{str(key)[:80]!r} is not a buffer name: a WGSL identifier, <<\"G/B\">> or a binding number")
+        raise bad_args(f"{_shown(key, name)} is not a buffer name: a WGSL identifier, <<\"G/B\">> or a binding number")
     return name
+
+
+def _shown(key: Any, name: str | None) -> str:
+    """The key as the caller wrote it, never the decoder's Python types
+    (the detail read "OtpErlangBinary(b'0/4000000000',bits=8)")."""
+    if name is not None:
+        return repr(name[:80])
+    return "an integer" if type(key) is int else f"a {type(key).__name__.removeprefix('OtpErlang').lower() or 'term'}"
 
 
 def _size(value: Any, name: str) -> int:
