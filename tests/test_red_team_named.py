@@ -219,6 +219,21 @@ def test_textures_samplers_high_groups_and_clashing_entry_points_are_refused(por
     assert run(port, "atomics", {"counter": b"\0" * 4}, workgroups=(3, 1, 1))["counter"] == (192).to_bytes(4, "little")
 
 
+def test_a_run_past_its_deadline_in_the_queue_is_answered_timeout_not_run(port):
+    """BEFORE (red team): a run queued behind a long one ran to its end long after its caller's
+    timeout (execute's jobs are answered `timeout` unrun: gpu_loop's deadline check)."""
+    opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}  # 4,096 invocations
+    got = run(port, "spin", {"input": spin_input(20, 7)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))
+    assert got["output"] == spin_reference(20, 7, 4096)
+    long = port.call_async("run", b"spin", {b"input": spin_input(20000, 1)}, opts)  # ~1 s on lavapipe
+    time.sleep(0.1)
+    late = port.call_async("run", b"spin", {b"input": spin_input(20000, 2)}, opts, timeout_ms=50)
+    with pytest.raises(PortError) as err:
+        late.result(60)
+    assert err.value.reason == "timeout" and "queue" in err.value.detail, err.value
+    long.result(60)
+
+
 def test_call_state_says_running_for_a_long_run_and_queued_behind_it(port):
     """Held: call_state of a run on the GPU thread and of one queued behind it (run_methods tags both)."""
     run(port, "spin", {"input": spin_input(1, 7)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))  # admitted
@@ -230,3 +245,24 @@ def test_call_state_says_running_for_a_long_run_and_queued_behind_it(port):
     assert [_state(port, r) for r in ids] == ["running", "queued"]
     for f in frames:
         f.result(60)
+
+
+def test_call_state_says_admitting_while_a_runs_new_kernel_compiles_in_the_guard(tmp_path):
+    """BEFORE (red team): `unknown` ("the port holds no such call") for the ~1 s lavapipe spends
+    admitting a port's first kernel (the guard's worker starting), where execute's calls say
+    `admitting`: a node whose timer fires then is told the call is gone."""
+    (tmp_path / "spin_cold.wgsl").write_text(KERNELS["spin_cold"])
+    with start_port(KEM_KERNEL_DIR=str(tmp_path), KEM_CACHE_DIR=str(tmp_path / "cache")) as port:
+        _watch_admission(port)
+
+
+def _watch_admission(port) -> None:
+    req_id = port.next_req_ids(1)[0]
+    opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
+    frame = port.call_raw_frame(terms.encode(port._request(req_id, "run", (b"spin_cold", {b"input": spin_input(1, 3)}, opts), 600_000)), [req_id])[0]
+    seen = []
+    while not frame.done():
+        seen.append(_state(port, req_id))
+        time.sleep(0.05)
+    assert "admitting" in seen and seen[-1] == "running", (seen, frame.exception())
+    frame.result(60)

@@ -13,6 +13,7 @@ lavapipe (ping and call_state unanswered meanwhile).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
@@ -22,6 +23,7 @@ from kem_port.gpu.executor import Executor
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
+from kem_port.port.call_state import CallStates
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
 from kem_port.port.replies import Replies
 from kem_port.wire.run_requests import RunRequest
@@ -29,9 +31,9 @@ from kem_port.wire.run_requests import RunRequest
 
 class RunMethods:
     def __init__(self, loop: GpuLoop, resolver: KernelResolver, fetchers: Threads, replies: Replies,
-                 budget: WorkBudget, guard: CompileGuard | None) -> None:
+                 budget: WorkBudget, guard: CompileGuard | None, states: CallStates | None = None) -> None:
         self.loop, self.resolver, self.fetchers, self.replies = loop, resolver, fetchers, replies
-        self.budget, self.guard = budget, guard
+        self.budget, self.guard, self.states = budget, guard, states or CallStates(loop)
 
     def handle(self, request: RunRequest) -> None:
         """Queue the call (KemError raised to the router when refused at once)."""
@@ -52,21 +54,32 @@ class RunMethods:
 
     def _admit(self, request: RunRequest, source: KernelSource | None) -> KernelSource:
         """On a fetch thread: the kernel fetched if need be, then put through the guard."""
-        call = request.call
-        if source is None:
-            source = self.resolver.fetch(call.kernel_id, request.deadline)
+        call, req_id = request.call, request.req_id
+        if source is None:  # call_state says what the call waits for, as execute's calls do (intake.py)
+            with self.states.waiting(req_id, "fetching", f"the gateways to deliver kernel {call.kernel_id}"):
+                source = self.resolver.fetch(call.kernel_id, request.deadline)
         # The call's constants against the kernel's overrides first: a missing
         # one would fail the worker's compile as bad_kernel, not name it.
         resolve_entry(None, reflect(source.text), call.constants)
-        return self.guard.admit_for_session(source, call.entry_point, call.constants) if self.guard is not None else source
+        if self.guard is None:
+            return source
+        with self.states.waiting(req_id, "admitting", f"kernel {call.kernel_id} to compile in the guard"):
+            return self.guard.admit_for_session(source, call.entry_point, call.constants)
 
     def _queue(self, request: RunRequest, source: KernelSource) -> None:
         req_id, call, share = request.req_id, request.call, request.call.batch_bytes
         self.budget.take(share)  # KemError overloaded: answered by the caller's `answering`
         replies, budget = self.replies, self.budget
 
+        deadline, queued = request.deadline, time.perf_counter()
+
         def run(executor: Executor) -> None:
             try:
+                if deadline is not None and time.monotonic() > deadline:  # as gpu_loop expires execute's jobs
+                    waited = (time.perf_counter() - queued) * 1000
+                    replies.error(req_id, KemError("timeout", f"waited {waited:.0f} ms in the port's queue; "
+                                                               "the call's deadline passed before the GPU started it"))
+                    return
                 replies.answering(req_id, lambda: replies.ok(req_id, _by_name(executor.named.run(source, call))))
             finally:
                 budget.give(share)
