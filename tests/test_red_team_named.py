@@ -92,6 +92,18 @@ fn main() { out[0] = 1u; }
 @compute @workgroup_size(1)
 fn main() { for (var i = 0u; i < arrayLength(&out); i++) { out[i] = vec4<u32>(i + 1u); } }
 """,
+    # each ALPHA its own pipeline; `big` makes a shape over KIT_BYTES (never kept as a kit)
+    "shift": """
+override ALPHA: f32 = 0.0;
+@group(0) @binding(0) var<storage, read_write> ys: array<f32>;
+@group(0) @binding(1) var<storage, read_write> big: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&ys)) { ys[i] = ys[i] + ALPHA; }
+    if (i == 0u) { big[0] = 1u; }
+}
+""",
     "spin_cold": SPIN.replace("x ^= x << 13u", "x ^= x << 12u"),  # never warmed: call_state while admitting
     "spin": SPIN,  # test_request_budgets: input[1] rounds of an unrolled xorshift per invocation
 }
@@ -266,3 +278,29 @@ def _watch_admission(port) -> None:
         time.sleep(0.05)
     assert "admitting" in seen and seen[-1] == "running", (seen, frame.exception())
     frame.result(60)
+
+
+def test_a_kept_kit_outlives_its_pipeline(port):
+    """Held: 64 other constants sets of the kernel (each its own pipeline, none kept as a kit: 4 MiB + 4
+    bytes each) push the first set's pipeline out of the cache of 64 while its kit stays; the kit's bind
+    groups, made with the first pipeline's layouts, still serve the new pipeline (WebGPU: group-equivalent
+    layouts), and the result is right."""
+    ys = np.arange(16, dtype=np.float32)
+    first = run(port, "shift", {"ys": ys.tobytes()}, outputs={"big": 4}, workgroups=(1, 1, 1), constants={"ALPHA": 0.5})
+    np.testing.assert_array_equal(np.frombuffer(first["ys"], np.float32), ys + 0.5)
+    for k in range(1, 66):
+        got = run(port, "shift", {"ys": b"\0" * 4}, outputs={"big": (4 << 20) + 4}, workgroups=(1, 1, 1),
+                  constants={"ALPHA": float(k)})
+        assert got["ys"] == np.float32(k).tobytes() and got["big"][:4] == (1).to_bytes(4, "little")
+    again = run(port, "shift", {"ys": ys.tobytes()}, outputs={"big": 4}, workgroups=(1, 1, 1), constants={"ALPHA": 0.5})
+    np.testing.assert_array_equal(np.frombuffer(again["ys"], np.float32), ys + 0.5)
+
+
+def test_two_buffers_at_one_binding_are_refused_naming_both(port):
+    """BEFORE (red team): bad_kernel in wgpu's words ("Validation Error ... In
+    wgpuDeviceCreateBindGroupLayout ... Conflicting binding at index 0"), after admission."""
+    with pytest.raises(PortError) as err:
+        run(port, "two_entries", {"a": b"\0" * 4}, outputs={"b": 4}, workgroups=(1, 1, 1), entry_point=b"second")
+    assert err.value.reason == "bad_kernel", err.value
+    assert "'a'" in err.value.detail and "'b'" in err.value.detail and "@binding(0)" in err.value.detail, err.value.detail
+    assert "Validation Error" not in err.value.detail

@@ -84,6 +84,10 @@ def plan_bindings(shape: KernelShape, call: NamedCall, limits: Limits) -> list[B
         raise bad_args("the kernel declares no buffers: nothing to bind or return")
     if any(b.group >= MAX_GROUPS for b in bindings):
         raise KemError("bad_kernel", f"WebGPU has bind groups 0-{MAX_GROUPS - 1}")
+    for a, b in zip(bindings, bindings[1:]):  # WGSL allows it across entry points; one layout cannot hold both
+        if (a.group, a.binding) == (b.group, b.binding):
+            raise KemError("bad_kernel", f"{a.name!r} and {b.name!r} are both at @group({a.group}) @binding({a.binding}): "
+                                         "kem binds every buffer the kernel declares, each at its own binding")
     _check_keys(bindings, call)
     if not any(role_of(b) == "output" for b in bindings):
         raise KemError("bad_kernel", "the kernel writes no buffer (no var<storage, read_write>): nothing would come back")
