@@ -257,3 +257,21 @@ def test_kem_check_says_what_a_call_by_named_buffers_must_supply(tmp_path):
     report = __import__("json").loads(refused.stdout)
     assert refused.returncode == 1 and report["named"]["ok"] is False
     assert any("tex" in p and "not a buffer" in p for p in report["named"]["problems"])
+
+
+def test_a_small_run_runs_on_the_reader_and_a_large_one_does_not(named_port, rng):
+    """A run as short as a lone kem@1.0 call (at most 16,384 invocations, 64 KiB, a kernel that cannot
+    loop) runs inline, as that call does; a dispatch over the bound queues to the GPU thread."""
+    def inline() -> int:
+        return named_port.call("stats").get(terms.atom("inline_named_calls"), 0)
+
+    a = rng.standard_normal(64).astype(np.float32)
+    small = {"a": a.tobytes(), "b": a.tobytes()}
+    run(named_port, "add", small, outputs={"c": 256}, workgroups=(1, 1, 1))  # admitted, compiled, its kit built
+    before = inline()
+    got = run(named_port, "add", small, outputs={"c": 256}, workgroups=(1, 1, 1))
+    np.testing.assert_array_equal(np.frombuffer(got["c"], np.float32), a + a)
+    assert inline() == before + 1
+    got = run(named_port, "add", small, outputs={"c": 256}, workgroups=(257, 1, 1))  # 16,448 invocations
+    np.testing.assert_array_equal(np.frombuffer(got["c"], np.float32), a + a)
+    assert inline() == before + 1

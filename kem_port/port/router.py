@@ -61,7 +61,8 @@ class Router:
         self.intake = Intake(config, stats, executor, resolver, self.loop, guard, replies, input_waiting)
         self.session_methods = SessionMethods(config, stats, self.loop, executor, resolver, self.intake.fetch_pool,
                                               replies, input_waiting, guard)  # docs/sessions.md
-        self.runs = RunMethods(self.loop, resolver, self.intake.fetch_pool, replies, self.intake.budget, guard, self.intake.states)
+        self.runs = RunMethods(self.loop, resolver, self.intake.fetch_pool, replies, self.intake.budget, guard,
+                               self.intake.states, input_waiting)
         self.health = Health(executor, config, open_error)
         self.lone = LoneCall(stats, self.intake, self.loop, executor, resolver, replies, input_waiting)
 

@@ -6,14 +6,16 @@ workgroup clearing and sacrificial compile, with the shader's own layout);
 the call takes its share of the port's byte budget, runs on the GPU
 thread as a control action between batches (tagged with its ReqId, so
 call_state says queued or running), and is answered with its returned
-buffers by name. Never on the reader: its dispatch is the caller's, so a
-16-byte call with workgroups {4096, 256, 1} held the reader 0.5 s on
-lavapipe (ping and call_state unanswered meanwhile).
+buffers by name. On the reader only when it is as short as a lone kem@1.0 call
+(NamedRuns.small): its dispatch is the caller's, and a 16-byte call with
+workgroups {4096, 256, 1} held the reader 0.5 s on lavapipe (ping and
+call_state unanswered meanwhile) before that bound.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
@@ -31,9 +33,10 @@ from kem_port.wire.run_requests import RunRequest
 
 class RunMethods:
     def __init__(self, loop: GpuLoop, resolver: KernelResolver, fetchers: Threads, replies: Replies,
-                 budget: WorkBudget, guard: CompileGuard | None, states: CallStates | None = None) -> None:
+                 budget: WorkBudget, guard: CompileGuard | None, states: CallStates,
+                 input_waiting: Callable[[], object]) -> None:
         self.loop, self.resolver, self.fetchers, self.replies = loop, resolver, fetchers, replies
-        self.budget, self.guard, self.states = budget, guard, states or CallStates(loop)
+        self.budget, self.guard, self.states, self.input_waiting = budget, guard, states, input_waiting
 
     def handle(self, request: RunRequest) -> None:
         """Queue the call (KemError raised to the router when refused at once)."""
@@ -85,6 +88,13 @@ class RunMethods:
                 budget.give(share)
 
         run.tag = req_id  # type: ignore[attr-defined]  # call_state: queued or running (gpu_loop.state_of)
+        # As short as a lone kem@1.0 call (NamedRuns.small: bounded work, no
+        # loop): run on the reader when the GPU thread is idle, as that call
+        # is; waking the GPU thread doubled a 4-byte call from Erlang on
+        # lavapipe (1003 against 434 us p50, scripts/bench quick).
+        if not self.input_waiting() and self.loop.executor.named.small(source, call) and self.loop.run_control_inline(run):
+            self.replies.stats.inc("inline_named_calls")
+            return
         try:
             self.loop.put(run)
         except QueueFull:

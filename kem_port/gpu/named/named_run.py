@@ -23,6 +23,7 @@ from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, check_siz
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry
 from kem_port.gpu.pipelines import compute_stage, gpu_message
+from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
@@ -31,6 +32,8 @@ from kem_port.stats import Stats
 
 PIPELINES = 64  # kernels kept compiled (a pipeline and its layouts: ~KBs of host memory each)
 KITS = 16  # call shapes kept with their buffers (named_kit.py)
+SMALL_BYTES = 64 << 10  # a lone kem@1.0 call's bytes (port/gpu_loop.SMALL_CALL)
+SMALL_INVOCATIONS = SMALL_BYTES // 4  # what kem's 1-D rule dispatches for a 64 KiB output
 KIT_BYTES = 4 << 20  # a shape's buffers up to this are kept: at most 64 MiB in all
 _TYPES = {"input": "read-only-storage", "output": "storage", "inout": "storage", "uniform": "uniform"}
 
@@ -72,6 +75,28 @@ class NamedRuns:
         ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
         pipeline, layouts = self._pipeline(device, source, call.entry_point, bound, pipeline_constants(shape, call.constants))
         return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, call.constants))
+
+    def small(self, source: KernelSource, call: NamedCall) -> bool:
+        """Whether the call is as short as a lone kem@1.0 call the reader
+        runs itself (port/lone_call.py): at most SMALL_INVOCATIONS, the
+        invocations kem's own rule gives a 64 KiB output, its bytes within
+        64 KiB, and a kernel that cannot loop (WGSL has no recursion, so its
+        time is bounded by its invocations; gpu/wgsl/wgsl_calls.py)."""
+        shape = self._shape(source)
+        entry = shape.entry_points.get(call.entry_point)
+        try:
+            entry = resolve_entry(entry, shape, call.constants)
+        except KemError:
+            return False  # refused on the road that answers it
+        if entry is None or entry.workgroup_size is None or call.batch_bytes > SMALL_BYTES:
+            return False
+        size = entry.workgroup_size[0] * entry.workgroup_size[1] * entry.workgroup_size[2]
+        if call.grid is not None:
+            groups = [-(-g // w) for g, w in zip(call.grid, entry.workgroup_size)]
+        else:
+            groups = list(call.workgroups or (0, 0, 0))
+        invocations = groups[0] * groups[1] * groups[2] * size
+        return 0 < invocations <= SMALL_INVOCATIONS and not may_loop(source.text, source.sha256, call.entry_point)
 
     def compile(self, source: KernelSource, call: NamedCall) -> None:
         """Compile the pipeline a call of this shape runs, without running it (kem check)."""
