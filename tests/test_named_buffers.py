@@ -81,6 +81,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i < arrayLength(&ys)) { ys[i] = ALPHA * xs[i] + ys[i]; }
 }
 """,
+    # Two kernels in one file, each with its own buffers (a library module).
+    "twokernels": """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> doubled: array<u32>;
+@group(0) @binding(2) var<storage, read_write> counts: array<atomic<u32>>;
+fn twice(i: u32) -> u32 { return src[i] * 2u; }
+@compute @workgroup_size(64)
+fn double_all(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&doubled)) { doubled[gid.x] = twice(gid.x); }
+}
+@compute @workgroup_size(64)
+fn count_odd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&src) && (src[gid.x] & 1u) == 1u) { atomicAdd(&counts[0], 1u); }
+}
+""",
     "sampled": """
 @group(0) @binding(0) var tex: texture_2d<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
@@ -275,3 +290,34 @@ def test_a_small_run_runs_on_the_reader_and_a_large_one_does_not(named_port, rng
     got = run(named_port, "add", small, outputs={"c": 256}, workgroups=(257, 1, 1))  # 16,448 invocations
     np.testing.assert_array_equal(np.frombuffer(got["c"], np.float32), a + a)
     assert inline() == before + 1
+
+
+@pytest.mark.parametrize("n", [1, 100, 1000])
+def test_each_entry_point_binds_only_the_buffers_it_uses(named_port, rng, n):
+    """BEFORE (red team): kem bound every buffer the module declares, so entry `count_odd` needed
+    an output size for `doubled`, which it never touches. Now each entry point binds what its code reaches
+    (through the functions it calls); a buffer given for another entry point's binding is not bound."""
+    src = rng.integers(0, 2**31, n, dtype=np.uint32)
+    got = run(named_port, "twokernels", {"src": src.tobytes()}, outputs={"doubled": 4 * n},
+              grid=(n, 1, 1), entry_point="double_all")
+    assert list(got) == ["doubled"]
+    np.testing.assert_array_equal(np.frombuffer(got["doubled"], np.uint32), src * np.uint32(2))
+    got = run(named_port, "twokernels", {"src": src.tobytes(), "counts": bytes(4)}, outputs={"doubled": 4 * n},
+              grid=(n, 1, 1), entry_point="count_odd")
+    assert list(got) == ["counts"]
+    assert int(np.frombuffer(got["counts"], np.uint32)[0]) == int((src & 1).sum())
+
+
+def test_used_names_follow_the_functions_an_entry_point_calls():
+    """The spec lexer's tokens (not tree-sitter): a module-scope const and a bare barrier
+    statement, which tree-sitter's grammar fails on, do not hide a use."""
+    from kem_port.gpu.wgsl.wgsl_calls import used_names
+
+    text = KERNELS["twokernels"] + "\nconst K: u32 = 3u;\nfn far() -> u32 { return counts_alias(); }\n"
+    assert {"src", "doubled", "twice"} <= used_names(text, "double_all")
+    assert "counts" not in used_names(text, "double_all")
+    assert {"src", "counts"} <= used_names(text, "count_odd") and "doubled" not in used_names(text, "count_odd")
+    assert used_names(text, "no_such_entry") is None
+    barrier = "var<workgroup> w: u32;\n@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n" \
+              "@compute @workgroup_size(1) fn main() { workgroupBarrier(); o[0] = w; }\n"
+    assert {"o", "w"} <= used_names(barrier, "main")

@@ -18,7 +18,12 @@ def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constan
     supply: dict[str, list[str]] = {"inputs": [], "uniforms": [], "outputs": []}
     problems: list[str] = []
     buffers, outputs = {}, {}
+    from kem_port.gpu.wgsl.wgsl_calls import used_names
+
+    used = used_names(source.text, entry_point)  # the bindings the entry point reaches, as a run binds them
     for b in sorted(shape.bindings, key=lambda b: (b.group, b.binding)):
+        if used is not None and b.name not in used:
+            continue
         where = f"{b.name} (@group({b.group}) @binding({b.binding}))"
         try:
             role = role_of(b)

@@ -77,18 +77,23 @@ def keys_of(b: Binding) -> tuple[str, ...]:
     return keys + ((str(b.binding),) if b.group == 0 else ())
 
 
-def plan_bindings(shape: KernelShape, call: NamedCall, limits: Limits) -> list[Bound]:
-    """Every binding of the kernel with its buffer, or bad_args naming the problem."""
-    bindings = sorted(shape.bindings, key=lambda b: (b.group, b.binding))
+def plan_bindings(shape: KernelShape, call: NamedCall, limits: Limits, used: set[str] | None = None) -> list[Bound]:
+    """Every binding the entry point uses (``used``: the names its code
+    reaches, gpu/wgsl/wgsl_calls.used_names; None: every binding declared)
+    with its buffer, or bad_args naming the problem. A buffer given for a
+    binding the entry point does not use is not bound, as WebGPU's own
+    "auto" layout leaves it out."""
+    declared = sorted(shape.bindings, key=lambda b: (b.group, b.binding))
+    _check_keys(declared, call)
+    bindings = [b for b in declared if used is None or b.name in used]
     if not bindings:
-        raise bad_args("the kernel declares no buffers: nothing to bind or return")
+        raise bad_args("the entry point uses no buffers: nothing to bind or return")
     if any(b.group >= MAX_GROUPS for b in bindings):
         raise KemError("bad_kernel", f"WebGPU has bind groups 0-{MAX_GROUPS - 1}")
     for a, b in zip(bindings, bindings[1:]):  # WGSL allows it across entry points; one layout cannot hold both
         if (a.group, a.binding) == (b.group, b.binding):
             raise KemError("bad_kernel", f"{a.name!r} and {b.name!r} are both at @group({a.group}) @binding({a.binding}): "
-                                         "kem binds every buffer the kernel declares, each at its own binding")
-    _check_keys(bindings, call)
+                                         "kem binds every buffer the entry point uses, each at its own binding")
     if not any(role_of(b) == "output" for b in bindings):
         raise KemError("bad_kernel", "the kernel writes no buffer (no var<storage, read_write>): nothing would come back")
     bound = [_bind(b, call, limits) for b in bindings]

@@ -23,7 +23,7 @@ from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, check_siz
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry
 from kem_port.gpu.pipelines import compute_stage, gpu_message
-from kem_port.gpu.wgsl.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
 from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
@@ -47,6 +47,7 @@ class NamedRuns:
         self._pipelines: OrderedDict[tuple, tuple] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
         self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()  # per call shape (named_kit.py)
+        self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
 
     def run(self, source: KernelSource, call: NamedCall) -> dict[str, bytes]:
         """The call's returned buffers by WGSL name. Raises KemError."""
@@ -64,7 +65,7 @@ class NamedRuns:
                            "kem's default rules are for kem@1.0-shaped kernels only (docs/dispatch.md)")
         entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
         check_workgroup_limits(entry, device.limits)
-        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit))
+        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))
         check_sizes(bound)
         returned = sum(x.logical for x in bound if x.returned)  # outputs and in/out buffers
         if returned > self.gpu.config.max_output_bytes:
@@ -101,13 +102,24 @@ class NamedRuns:
     def compile(self, source: KernelSource, call: NamedCall) -> None:
         """Compile the pipeline a call of this shape runs, without running it (kem check)."""
         shape = self._shape(source)
-        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit))
+        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))
         self._pipeline(self.gpu.require(), source, call.entry_point, bound, pipeline_constants(shape, call.constants))
+
+    def _used(self, source: KernelSource, entry: str) -> set[str] | None:
+        """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
+        key = (source.sha256, entry)
+        if key not in self._uses:
+            self._uses[key] = used_names(source.text, entry)
+            while len(self._uses) > PIPELINES:
+                self._uses.pop(next(iter(self._uses)))
+        return self._uses[key]
 
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
         if shape is None:
             shape = self._shapes[source.sha256] = reflect(source.text)
+            while len(self._shapes) > PIPELINES:  # kept as long as pipelines are: bounded memory
+                self._shapes.pop(next(iter(self._shapes)))
         return shape
 
     def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, entry: str, bound: list[Bound],

@@ -184,3 +184,57 @@ def may_loop(text: str, sha256: str, entry: str) -> bool:
     while len(_MAY_LOOP) > _MAY_LOOP_KEPT:
         _MAY_LOOP.popitem(last=False)
     return answer
+
+
+def used_names(text: str, entry: str) -> set[str] | None:
+    """Every identifier in the functions entry reaches, read off the spec
+    lexer's tokens (wgsl_canonical: exact, where tree-sitter's grammar
+    fails on much valid WGSL); None when entry is not found. A superset of
+    the module-scope names entry uses: a global is used only through its
+    name, so no use is missed (a local named like a global only adds it)."""
+    try:
+        values = token_values(text)
+    except KemError:
+        return None
+    bodies = _function_bodies(values)
+    if entry not in bodies:
+        return None
+    seen, stack, names = {entry}, [entry], set()
+    while stack:
+        for value in bodies[stack.pop()]:
+            if value[0].isalpha() or value[0] == "_":
+                names.add(value)
+                if value in bodies and value not in seen:
+                    seen.add(value)
+                    stack.append(value)
+    return names
+
+
+def _function_bodies(values: list[str]) -> dict[str, list[str]]:
+    """Each module-scope function's tokens, from its parameters to the end
+    of its body (braces in WGSL delimit blocks and struct bodies only)."""
+    bodies: dict[str, list[str]] = {}
+    depth, i = 0, 0
+    while i < len(values):
+        value = values[i]
+        if value == "fn" and depth == 0 and i + 1 < len(values):
+            name, start = values[i + 1], i + 2
+            j, inner = start, 0
+            while j < len(values) and not (values[j] == "{" and inner == 0):
+                inner += values[j] == "("
+                inner -= values[j] == ")"
+                j += 1
+            body_depth = 0
+            while j < len(values):
+                body_depth += values[j] == "{"
+                body_depth -= values[j] == "}"
+                j += 1
+                if body_depth == 0:
+                    break
+            bodies[name] = values[start:j]
+            i = j
+            continue
+        depth += value == "{"
+        depth -= value == "}"
+        i += 1
+    return bodies
