@@ -29,6 +29,9 @@ class GpuLayer(NamedTuple):
 
 def gpu_layer() -> GpuLayer:
     """The one place that names the GPU layer's modules and members."""
+    from kem_port.port import runtime_dir
+
+    runtime_dir.ensure()  # before any driver loads: no Mesa XDG_RUNTIME_DIR notice on a script's stderr
     from kem_port.gpu import calls, debug_run, device, dispatch, executor
     from kem_port.gpu.wgsl import wgsl_reflect
 

@@ -55,3 +55,17 @@ def test_refusals_are_kem_errors_naming_the_buffer(kernels, runner):
         run_named(kernels / "sumdiff.wgsl", {"a": np.zeros(4, np.uint32), "b": np.zeros(4, np.uint32)}, {"total": 16},
                   workgroups=(1, 1, 1), runner=runner)
     assert err.value.reason == "bad_args" and "output 'delta'" in err.value.detail
+
+
+def test_a_script_using_the_api_prints_no_mesa_notice(tmp_path):
+    """BEFORE (issue 26): a script calling kem_port.api printed Mesa's
+    'error: XDG_RUNTIME_DIR is invalid or not set in the environment' twice."""
+    import os
+    import subprocess
+    import sys
+
+    script = "import numpy as np\nfrom kem_port import api\nassert (api.run('double', np.arange(8, dtype=np.uint32)) == np.arange(8) * 2).all()\n"
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert b"XDG_RUNTIME_DIR" not in done.stderr, done.stderr
