@@ -158,3 +158,15 @@ def test_kem_check_names_the_rule(tmp_path):
     explicit = kem(tmp_path, "check", str(tmp_path / "transpose.wgsl"), "--workgroups", "4,3,1", "--json")
     assert explicit.returncode == 0, explicit.stderr
     assert json.loads(explicit.stdout)["dispatch_rule"] == "workgroups"
+
+
+def test_a_missing_entry_point_lists_only_compute_entry_points(tmp_path):
+    """BEFORE (issue 26): the "found" list named plain functions too (helper functions are not entry points)."""
+    source = "@group(0) @binding(0) var<storage, read> a: array<u32>;\n" \
+             "@group(0) @binding(1) var<storage, read_write> b: array<u32>;\n" \
+             "fn helper(i: u32) -> u32 { return a[i]; }\n" \
+             "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { b[g.x] = helper(g.x); }\n"
+    (tmp_path / "k.wgsl").write_text(source)
+    done = kem(tmp_path, "run", str(tmp_path / "k.wgsl"), "--hex", "00000000", "--entry-point", "nope")
+    said = done.stderr.decode()
+    assert done.returncode == 1 and "no @compute entry point 'nope' (found main)" in said, said

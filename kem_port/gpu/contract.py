@@ -82,7 +82,7 @@ def check_layout(shape: KernelShape, call: KernelCall) -> EntryPoint | None:
     params, or 3 for the call table)."""
     entry = shape.entry_points.get(call.entry_point)
     if shape.entry_points and entry is None:
-        raise KemError("bad_kernel", f"no entry point {call.entry_point!r} (found {', '.join(shape.entry_points)})")
+        raise KemError("bad_kernel", f"no @compute entry point {call.entry_point!r} (found {shape.compute_entries()})")
     if entry is not None and entry.stage not in (None, "compute"):
         raise KemError("bad_kernel", f"entry point {call.entry_point!r} is a {entry.stage} shader, not @compute")
     # Constants first: they size an override-sized workgroup, which every

@@ -59,7 +59,7 @@ class NamedRuns:
         shape = self._shape(source)
         entry = shape.entry_points.get(call.entry_point)
         if entry is None or entry.stage != "compute":
-            raise KemError("bad_kernel", f"no @compute entry point {call.entry_point!r} (found {', '.join(shape.entry_points) or 'none'})")
+            raise KemError("bad_kernel", f"no @compute entry point {call.entry_point!r} (found {shape.compute_entries()})")
         if call.workgroups is None and call.grid is None:
             raise bad_args("a call by named buffers gives its dispatch: grid => {X, Y, Z} (invocations) or workgroups; "
                            "kem's default rules are for kem@1.0-shaped kernels only (docs/dispatch.md)")

@@ -66,6 +66,10 @@ class KernelShape:
     bindings: tuple[Binding, ...]
     overrides: tuple[Override, ...] = ()
 
+    def compute_entries(self) -> str:
+        """The @compute entry points' names, for an error that lists them (plain functions are not entry points)."""
+        return ", ".join(e.name for e in self.entry_points.values() if e.stage == "compute") or "none"
+
     def binding(self, group: int, index: int) -> Binding | None:
         for b in self.bindings:
             if b.group == group and b.binding == index:
