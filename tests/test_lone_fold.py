@@ -84,19 +84,23 @@ def test_a_folded_call_answers_numpys_values(reader, rng, size, monkeypatch):
 
 
 def test_calls_off_the_hot_shape_take_todays_road(reader, rng, monkeypatch):
-    """Over 64 KiB, a hint of 2 (a shape with no kit yet), a frame waiting
-    behind it: today's road, answered with the same values."""
+    """Over 64 KiB, or a frame waiting behind it: intake's road (queued);
+    a hint of 2 (a shape with no kit yet): the reader's lone road builds its
+    kit (GpuLoop.run_held); each answered with the same values."""
     watched = Watched(reader, monkeypatch)
     large = rng.integers(0, 2**32, 20000, dtype=np.uint32)
     req_id = reader.send(large.tobytes())
     reader.handle_next()
     assert _ok_value(reader.reply(), req_id) == (large * np.uint32(2)).tobytes()
     _gpu_thread_idle(reader)
+    assert watched.today == 1
+    built = reader.stats.count("lone_kits_built")
     small = rng.integers(0, 2**32, 8, dtype=np.uint32)
     req_id = reader.send(small.tobytes(), hint=2)
     reader.handle_next()
     got = _ok_value(reader.reply(), req_id)
     assert got[:32] == (small * np.uint32(2)).tobytes() and got[32:] == bytes(32)
+    assert watched.today == 1 and reader.stats.count("lone_kits_built") == built + 1
     _gpu_thread_idle(reader)
     first, second = (rng.integers(0, 2**32, 1, dtype=np.uint32) for _ in range(2))
     ids = [reader.send(first.tobytes()), reader.send(second.tobytes())]
@@ -105,7 +109,7 @@ def test_calls_off_the_hot_shape_take_todays_road(reader, rng, monkeypatch):
     replies = {reply[1]: reply for reply in (reader.reply(), reader.reply())}
     assert _ok_value(replies[ids[0]], ids[0]) == (first * np.uint32(2)).tobytes()
     assert _ok_value(replies[ids[1]], ids[1]) == (second * np.uint32(2)).tobytes()
-    assert watched.today >= 3
+    assert watched.today >= 2  # the first queued (the second may run inline once the GPU thread is idle again)
 
 
 def _call_frame(req_id, kernel, data, hint, timeout) -> bytes:
