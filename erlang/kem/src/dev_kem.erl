@@ -28,7 +28,7 @@
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
          get_adapter_info/3, execute_chain/3, run/3]).
--export([duplicate_key/1, string_input/0]).  % for dev_kem_chain
+-export([duplicate_key/1, string_input/0, field/3]).  % for dev_kem_chain and dev_kem_run
 
 -define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
 
@@ -312,20 +312,21 @@ first_found(Names, [Msg | Rest], Opts) ->
 
 get_any([], _Msg, _Opts) -> not_found;
 get_any([Name | Rest], Msg, Opts) ->
-    case get(Name, Msg, Opts) of
+    case field(Name, Msg, Opts) of
         not_found -> get_any(Rest, Msg, Opts);
         Value -> Value
     end.
 
-%% A plain field read: inside a node `hb_maps:get/4' (it loads links but
-%% never dispatches to the message's device, which would be kem@1.0
-%% itself), else `maps:get/3'.
-get(Key, Msg, Opts) when is_map(Msg) ->
+%% @doc A plain field read: inside a node `hb_maps:get/4' (it loads links
+%% but never dispatches to the message's device, which would be kem@1.0
+%% itself), else `maps:get/3'; `not_found' when absent.
+-spec field(term(), term(), map()) -> term().
+field(Key, Msg, Opts) when is_map(Msg) ->
     case kem_optional:has(hb_maps, get, 4) of
         true -> hb_maps:get(Key, Msg, not_found, Opts);
         false -> maps:get(Key, Msg, not_found)
     end;
-get(_Key, _Msg, _Opts) -> not_found.
+field(_Key, _Msg, _Opts) -> not_found.
 
 event(Topic, Term) ->
     case kem_optional:has(hb_event, log, 5) of

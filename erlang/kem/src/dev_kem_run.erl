@@ -104,7 +104,7 @@ fields(Msgs, Opts) ->
 
 first(_Names, [], _Opts) -> not_found;
 first(Names, [Msg | Rest], Opts) ->
-    case [V || N <- Names, V <- [get(N, Msg, Opts)], V =/= not_found] of
+    case [V || N <- Names, V <- [dev_kem:field(N, Msg, Opts)], V =/= not_found] of
         [] -> first(Names, Rest, Opts);
         [V] -> V;
         [_, _] -> refuse(400, bad_args, <<"give ", (hd(Names))/binary, " or ", (lists:last(Names))/binary,
@@ -123,14 +123,14 @@ kernel_id(_) -> refuse(<<"kernel-id must be a non-empty string">>).
 %% #{<<"1">> => Bytes}}: a group's message is read back as `G/B' names.
 buffers(Map, Opts) when is_map(Map) ->
     count(Map, <<"buffers">>),
-    count(maps:from_list(lists:append([buffer(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"buffers">>);
+    count(maps:from_list(lists:append([buffer(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"buffers">>);
 buffers(_, _) -> refuse(<<"buffers must be a message: name => bytes (multipart parts buffers/NAME)">>).
 
 buffer(Name, Bytes, _Opts) when is_binary(Bytes) -> [{Name, Bytes}];
 buffer(Name, #{<<"body">> := Bytes}, _Opts) when is_binary(Bytes) -> [{Name, Bytes}];
 buffer(Group, Map, Opts) when is_map(Map), map_size(Map) > 0 ->
     case group(Group) of
-        true -> [{slot(Group, B), bytes(slot(Group, B), get(B, Map, Opts))} || B <- maps:keys(Map)];
+        true -> [{slot(Group, B), bytes(slot(Group, B), dev_kem:field(B, Map, Opts))} || B <- maps:keys(Map)];
         false -> refuse(<<"buffer '", (shown(Group))/binary, "' must be bytes, not a message">>)
     end;
 buffer(Name, _, _) ->
@@ -144,12 +144,12 @@ bytes(Slot, _) -> refuse(<<"buffer '", (shown(Slot))/binary, "' must be bytes">>
 %% part's value).
 outputs(Map, Opts) when is_map(Map) ->
     count(Map, <<"outputs">>),
-    count(maps:from_list(lists:append([output(K, get(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"outputs">>);
+    count(maps:from_list(lists:append([output(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"outputs">>);
 outputs(_, _) -> refuse(<<"outputs must be a message: name => size in bytes">>).
 
 output(Group, Map, Opts) when is_map(Map), map_size(Map) > 0 ->
     case group(Group) of
-        true -> [{slot(Group, B), size(slot(Group, B), get(B, Map, Opts))} || B <- maps:keys(Map)];
+        true -> [{slot(Group, B), size(slot(Group, B), dev_kem:field(B, Map, Opts))} || B <- maps:keys(Map)];
         false -> [{Group, size(Group, Map)}]
     end;
 output(Name, Size, _Opts) -> [{Name, size(Name, Size)}].
@@ -200,8 +200,8 @@ workgroups(missing, _Opts) ->
 workgroups(_, _Opts) -> bad_workgroups().
 
 either(I, Map, Opts) ->
-    case get(I, Map, Opts) of
-        not_found -> get(integer_to_binary(I), Map, Opts);
+    case dev_kem:field(I, Map, Opts) of
+        not_found -> dev_kem:field(integer_to_binary(I), Map, Opts);
         V -> V
     end.
 
@@ -263,13 +263,3 @@ refuse(Detail) -> refuse(400, bad_request, Detail).
 
 -spec refuse(400..499, atom(), binary()) -> no_return().
 refuse(Status, Reason, Detail) -> throw({refused, Status, Reason, Detail}).
-
-%% A plain field read: inside a node `hb_maps:get/4' (it loads links but
-%% never dispatches to the message's device, kem@1.0 itself; dev_kem's
-%% reads do the same), else `maps:get/3'.
-get(Key, Msg, Opts) when is_map(Msg) ->
-    case kem_optional:has(hb_maps, get, 4) of
-        true -> hb_maps:get(Key, Msg, not_found, Opts);
-        false -> maps:get(Key, Msg, not_found)
-    end;
-get(_Key, _Msg, _Opts) -> not_found.
