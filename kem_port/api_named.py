@@ -27,8 +27,6 @@ import numpy as np
 
 from kem_port.api_values import input_bytes
 from kem_port.errors import bad_args
-from kem_port.gpu.constants import resolve_entry
-from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.wire import terms
 from kem_port.wire.run_requests import read_run
 
@@ -50,7 +48,7 @@ def run_named(kernel: str | Path, buffers: Mapping[str | int, Any], outputs: Map
     args = (source.kernel_id.encode(), {_key(k): input_bytes(v) for k, v in buffers.items()},
             {terms.atom(k): v for k, v in opts.items() if v is not None})
     call = read_run(0, terms.to_term(args), runner.config, None, None).call  # the port's own checks
-    resolve_entry(None, reflect(source.text), call.constants)  # named before the worker's compile could fail on them
+    runner.executor.named.check_constants(source, call.constants)
     admitted = runner.guard.admit_for_session(source, call.entry_point, call.constants)
     got = runner.executor.named.run(admitted, call)
     return {name: _shaped(data, _spec(name, buffers, outputs)) for name, data in got.items()}

@@ -23,3 +23,8 @@ def bad_args(detail: str) -> KemError:
 
 def too_large(detail: str) -> KemError:
     return KemError("too_large", detail)
+
+
+def internal() -> KemError:
+    """An unexpected failure, logged where it happened: the caller hears no internals."""
+    return KemError("internal", "internal error (details in the node's log)")

@@ -12,7 +12,6 @@ from kem_port.errors import KemError
 
 
 def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constants: dict | None) -> dict:
-    from kem_port.gpu.constants import resolve_entry
     from kem_port.gpu.named.binding_model import NamedCall, role_of
 
     supply: dict[str, list[str]] = {"inputs": [], "uniforms": [], "outputs": []}
@@ -45,7 +44,7 @@ def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constan
     overrides = tuple(sorted((constants or {}).items())) or None
     if not problems:
         try:
-            resolve_entry(None, shape, overrides)
+            runner.executor.named.check_constants(source, overrides)
             probe = NamedCall(source.kernel_id, buffers, outputs, None, entry_point, (1, 1, 1), overrides)
             admitted = runner.guard.admit_for_session(source, entry_point, overrides)
             runner.executor.named.compile(admitted, probe)

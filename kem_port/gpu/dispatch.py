@@ -56,14 +56,7 @@ def plan_dispatch(
         if any(g > top for g in workgroups):
             raise too_large(f"workgroups {workgroups} exceed the device's {top} per dimension")
         return workgroups
-    if entry is None or entry.workgroup_size is None:
-        shown = entry.workgroup_size_text if entry else "?"
-        raise KemError(
-            "bad_kernel",
-            f"kem cannot read @workgroup_size({shown}) as integer literals; "
-            "write literals or pass the workgroups option",
-        )
-    wx, wy, wz = entry.workgroup_size
+    wx, wy, wz = _size(entry, "its dispatch rules need it as integer literals or overrides; pass workgroups")
     if wy > 1 or wz > 1:
         return _image(entry, output_size, param_words, top)
     return _one_d(entry, output_size, top)
@@ -84,15 +77,17 @@ def rule_of(entry: EntryPoint | None, workgroups: tuple[int, int, int] | None,
     return "image" if wz == 1 and entry.image_params else "none: workgroups required"
 
 
-def _grid(entry: EntryPoint | None, grid: tuple[int, int, int], top: int) -> tuple[int, int, int]:
+def _size(entry: EntryPoint | None, why: str) -> tuple[int, int, int]:
+    """The entry point's workgroup size, or bad_kernel: kem cannot read it (why it needs it)."""
     if entry is None or entry.workgroup_size is None:
         shown = entry.workgroup_size_text if entry else "?"
-        raise KemError(
-            "bad_kernel",
-            f"a grid is divided by the workgroup size, and kem cannot read @workgroup_size({shown}) "
-            "as integer literals or overrides; pass workgroups",
-        )
-    groups = tuple(_ceil_div(n, w) for n, w in zip(grid, entry.workgroup_size))
+        raise KemError("bad_kernel", f"kem cannot read @workgroup_size({shown}): {why}")
+    return entry.workgroup_size
+
+
+def _grid(entry: EntryPoint | None, grid: tuple[int, int, int], top: int) -> tuple[int, int, int]:
+    size = _size(entry, "a grid is divided by it, so it must be integer literals or overrides; pass workgroups")
+    groups = tuple(_ceil_div(n, w) for n, w in zip(grid, size))
     if any(g > top for g in groups):
         raise too_large(
             f"grid {grid} at @workgroup_size{entry.workgroup_size} needs {groups} workgroups; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kem_port.errors import KemError
+from kem_port.errors import KemError, internal
 from kem_port.gpu.calls import Job
 from kem_port.gpu.debug_run import run_debug
 from kem_port.gpu.executor import Executor
@@ -28,7 +28,7 @@ def enqueue(loop: GpuLoop, req_id: int, job: Job, answer: Callable[[tuple[bytes,
             return
         except Exception:  # answered, never left to time out
             log.exception("debug call failed")
-            job.refuse(KemError("internal", "internal error (details in the node's log)"))
+            job.refuse(internal())
             return
         job.answered = True
         answer(result)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from kem_port.errors import KemError
+from kem_port.errors import KemError, internal
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.session.chain_plan import StepError
 from kem_port.stats import Stats
@@ -25,7 +25,6 @@ from kem_port.wire.protocol import RequestError
 
 log = logging.getLogger("kem_port.router")
 
-INTERNAL = "internal error (details in the node's log)"
 
 
 class Replies:
@@ -58,7 +57,7 @@ class Replies:
 
     def internal(self, req_id: Any) -> None:
         """An unexpected failure, logged by the caller: the node hears no internals."""
-        self.error(req_id, KemError("internal", INTERNAL))
+        self.error(req_id, internal())
 
     def answering(self, req_id: int, run: Callable[[], None]) -> None:
         """`run`, its failure answered to req_id (a RequestError to the ReqId

@@ -18,7 +18,7 @@ from typing import Any
 
 from kem_port.admission.guard import CompileGuard
 from kem_port.config import Config
-from kem_port.errors import KemError
+from kem_port.errors import KemError, internal
 from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import KernelResolver
 from kem_port.port import test_hooks, warm
@@ -136,7 +136,7 @@ class Router:
             return
         except Exception:
             log.exception("internal error")
-            self.refuse_all(group.req_ids, KemError("internal", "internal error (details in the node's log)"))
+            self.refuse_all(group.req_ids, internal())
             return
         self.stats.inc("calls", group.n)
 

@@ -20,9 +20,7 @@ from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
 from kem_port.errors import KemError
-from kem_port.gpu.constants import resolve_entry
 from kem_port.gpu.executor import Executor
-from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
 from kem_port.port.call_state import CallStates
@@ -61,9 +59,7 @@ class RunMethods:
         if source is None:  # call_state says what the call waits for, as execute's calls do (intake.py)
             with self.states.waiting(req_id, "fetching", f"the gateways to deliver kernel {call.kernel_id}"):
                 source = self.resolver.fetch(call.kernel_id, request.deadline)
-        # The call's constants against the kernel's overrides first: a missing
-        # one would fail the worker's compile as bad_kernel, not name it.
-        resolve_entry(None, reflect(source.text), call.constants)
+        self.loop.executor.named.check_constants(source, call.constants)
         if self.guard is None:
             return source
         with self.states.waiting(req_id, "admitting", f"kernel {call.kernel_id} to compile in the guard"):

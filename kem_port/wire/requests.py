@@ -29,7 +29,7 @@ import logging
 from typing import Any, Union
 
 from kem_port.config import Config
-from kem_port.errors import KemError
+from kem_port.errors import KemError, internal
 from kem_port.wire import group_frames, terms
 from kem_port.wire.batch_frames import split_calls
 from kem_port.wire.protocol import KERNEL_METHODS, RequestError, Shm, kernel_call, parse_call
@@ -40,8 +40,6 @@ from kem_port.wire.run_requests import RunRequest, read_run
 from kem_port.wire.session_requests import BufferRequest, ChainRequest, read_session
 
 log = logging.getLogger("kem_port.router")
-
-INTERNAL = "internal error (details in the node's log)"
 
 
 Request = Union[KernelRequest, RunRequest, BufferRequest, ChainRequest, MethodRequest, GroupRequest, CallsRequest, Refused]
@@ -92,7 +90,7 @@ class RequestReader:
             return Refused([getattr(exc, "req_id", None)], exc)
         except Exception:  # never let one frame take the port down
             log.exception("internal error")
-            return Refused([req_id], KemError("internal", INTERNAL), req_id is not None)
+            return Refused([req_id], internal(), req_id is not None)
 
     def _group_term(self, frame: bytes) -> group_frames.GroupFields:
         """A group frame the narrow reader does not take, through erlang-py."""

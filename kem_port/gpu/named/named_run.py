@@ -77,6 +77,12 @@ class NamedRuns:
         pipeline, layouts = self._pipeline(device, source, call.entry_point, bound, pipeline_constants(shape, call.constants))
         return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, call.constants))
 
+    def check_constants(self, source: KernelSource, constants: tuple | None) -> None:
+        """bad_args naming an unknown or missing override: checked before
+        admission, whose worker compile would fail on them as bad_kernel
+        without naming them (the port's run_methods, api_named, kem check)."""
+        resolve_entry(None, self._shape(source), constants)
+
     def small(self, source: KernelSource, call: NamedCall) -> bool:
         """Whether the call is as short as a lone kem@1.0 call the reader
         runs itself (port/lone_call.py): at most SMALL_INVOCATIONS, the
