@@ -12,28 +12,7 @@
 
 -export([do/1]).
 
--define(ADD, <<"@group(0) @binding(0) var<storage, read> a: array<u32>;
-@group(0) @binding(1) var<storage, read> b: array<u32>;
-@group(0) @binding(2) var<storage, read_write> c: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < arrayLength(&c)) { c[i] = a[i] + b[i]; }
-}
-">>).
--define(SCALE, <<"struct Params { factor: u32, count: u32 }
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read_write> values: array<u32>;
-@group(1) @binding(2) var<storage, read_write> doubled: array<u32>;
-@compute @workgroup_size(32)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < params.count) {
-        values[i] = values[i] * params.factor;
-        doubled[i] = values[i] * 2u;
-    }
-}
-">>).
+-include("kem_named_kernels.hrl").
 -define(MAX_HEADER, 256).
 %% What a kernel's output may hold: a header injection if it were a header.
 -define(HOSTILE_BYTES, <<"\r\nSet-Cookie: pwned=1\r\n\r\n<html>", 16#E2, 16#80, 16#A8, 0>>).

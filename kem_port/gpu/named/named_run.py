@@ -8,6 +8,14 @@ runs on its shape's kit (named_kit.py: buffers and bind groups reused,
 every buffer overwritten or cleared each call, so a call never sees
 another's bytes); one encoder runs the dispatch and copies every returned
 buffer into one staging buffer, read after one wait.
+
+A road beside the executor's batch road, through the same native calls
+(gpu/hot_path.py): the batch road's plans bind kem@1.0's layout (bindings
+0-3 of group 0, packed per batch), a named call any layout in up to four
+groups. No figure pays for it: it is the capability, not a speed-up, and
+it costs 2x a kem@1.0 call moving the same bytes (docs/benchmarks.md,
+"Issue 25"); folding named calls into the batch road's plans, so they
+batch into one submission, is issue 25's open item.
 """
 
 from __future__ import annotations
