@@ -129,3 +129,4 @@ def test_an_override_workgroup_size_of_zero_or_the_u32_top_is_refused(port, wg):
 def test_a_grid_past_the_limits_is_refused_with_an_override_sized_workgroup(port, grid, reason):
     got, detail = refusal(port, "execute", b"sized", DATA.tobytes(), {"constants": {"WG": 1024}, "grid": grid})
     assert got == reason, detail
+
