@@ -130,3 +130,21 @@ def test_a_grid_past_the_limits_is_refused_with_an_override_sized_workgroup(port
     got, detail = refusal(port, "execute", b"sized", DATA.tobytes(), {"constants": {"WG": 1024}, "grid": grid})
     assert got == reason, detail
 
+
+
+def test_negative_zero_gets_a_pipeline_of_its_own(port):
+    """BEFORE: 0.0 == -0.0 and hash alike in Python, so the cache keyed on the
+    values handed -0.0's call the pipeline built for 0.0 (bitcast said 0)."""
+    assert words(port.call("execute", b"sign", DATA.tobytes(), {"constants": {"S": 0.0}})) == {0}
+    assert words(port.call("execute", b"sign", DATA.tobytes(), {"constants": {"S": -0.0}})) == {0x80000000}
+    assert words(port.call("execute", b"sign", DATA.tobytes(), {"constants": {"S": 0.0}})) == {0}
+
+
+def test_a_constants_set_that_breaks_the_compiler_leaves_the_kernel_for_other_sets(port):
+    """BEFORE: N = 2**28 - 1 words (~1 GiB of workgroup memory) crashed the admission
+    worker, and the refusal was remembered by the kernel's hash, on disk: every later
+    call of the kernel, with any constants or none, was kernel_rejected."""
+    reason, _ = refusal(port, "execute", b"wgarr", DATA.tobytes(), {"constants": {"N": 2**28 - 1}})
+    assert reason in ("kernel_rejected", "bad_args", "too_large")
+    out = port.call("execute", b"wgarr", DATA.tobytes(), {})
+    np.testing.assert_array_equal(np.frombuffer(out, np.float32), DATA * 2)

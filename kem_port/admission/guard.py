@@ -1,9 +1,8 @@
 """Admission of kernels: nothing the port has not seen compile is compiled by it.
 
-A 6 KB kernel could crash the port on every call: naga recursed off the
-end of the compiling thread's stack (SIGSEGV inside create_shader_module,
-before any Python could catch it), and small "compile bombs" grew the port
-by hundreds of MB a second. So before the port compiles a pipeline it has
+A 6 KB kernel could crash the port on every call (naga recursed off the
+compiling thread's stack: SIGSEGV), and small "compile bombs" grew the
+port by hundreds of MB a second. So before the port compiles a pipeline it has
 not admitted (kernel sha256, entry point, with or without params, and
 the call's pipeline constants when it has any):
 
@@ -43,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kem_port.errors import KemError
-from kem_port.gpu.constants import pipeline_constants
+from kem_port.gpu.constants import pipeline_constants, set_key
 from kem_port.gpu.contract import check_layout
 from kem_port.gpu.calls import KernelCall
 from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
@@ -107,8 +106,7 @@ class CompileGuard:
         return self._admitted.get(_admission_key(source, entry, SESSION, constants))
 
     def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource:
-        """admit() for a session, chain or named-buffer kernel (its own layout),
-        with the call's constants set when it has one, as for calls."""
+        """admit() for a session, chain or named-buffer kernel (its own layout), per constants set."""
         return self._admit(_admission_key(source, entry, SESSION, constants), source, lambda: None)
 
     def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
@@ -144,7 +142,7 @@ class CompileGuard:
         try:
             check_structure(source.text)
         except KemError as exc:
-            self._remember_rejection(source, exc.detail)
+            self._rejected(source, exc.detail)  # remembered; the limit's own refusal is raised
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
@@ -165,8 +163,9 @@ class CompileGuard:
         if outcome.failed is not None and not outcome.conclusive:
             outcome = self._confirm(source, {k: v for k, v in request.items() if k != "test_fail"}, outcome)
         if outcome.failed is not None:
-            self._remember_rejection(source, outcome.failed)
-            raise KemError("kernel_rejected", f"kernel {source.kernel_id} {outcome.failed}")
+            if len(key) <= 3:  # a constants set that broke the compiler is refused alone (red team: N = 2^28 - 1 had every set refused, on disk)
+                raise self._rejected(source, outcome.failed)
+            outcome = replace(outcome, error=KemError("kernel_rejected", f"kernel {source.kernel_id} {outcome.failed}"))
         if outcome.error is not None:
             self._failed[key] = outcome.error
             while len(self._failed) > FAILED_CACHE:
@@ -228,14 +227,14 @@ class CompileGuard:
             self._retire(worker)
         return healthy
 
-    def _remember_rejection(self, source: KernelSource, why: str) -> None:
+    def _rejected(self, source: KernelSource, why: str) -> KemError:  # remembered by its hash, on disk
         log.warning("kernel %s (sha256 %s) refused: %s", source.kernel_id, source.sha256, why)
         self._count("kernels_rejected")
         self.rejects.remember(source.sha256, why)
+        return KemError("kernel_rejected", f"kernel {source.kernel_id} {why}")
 
     def fail_next_compile(self, fault: str) -> None:
-        """KEM_TEST_HOOKS=1 only (test_hooks.py): the next new kernel's first
-        compile fails in the worker ("crash", "stall" or "break")."""
+        """KEM_TEST_HOOKS=1 only: the next first compile fails ("crash", "stall" or "break")."""
         self._fault = fault
 
     # -- the worker's life (worker_client.WorkerSlot) ---------------------
@@ -280,7 +279,7 @@ def _key(source: KernelSource, call: KernelCall) -> tuple:
 def _admission_key(source: KernelSource, entry: str, kind: bool | str, constants: tuple | None) -> tuple:
     """What one admission covers (the module doc): the constants set only when there is one."""
     base = (source.sha256, entry, kind)
-    return base if not constants else base + (constants,)
+    return base if not constants else base + set_key(constants)
 
 
 def _packaged(source: KernelSource) -> bool:

@@ -119,3 +119,10 @@ def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tup
         return entry
     values = resolved(shape, given)
     return workgroup_size(entry, shape, values) if entry is not None else None
+
+
+def set_key(given: tuple[tuple[str, int | float], ...]) -> tuple:
+    """A constants set as a cache or admission key: the set, then the sign
+    of each float (0.0 == -0.0 and hash alike in Python, but not in WGSL:
+    red team, -0.0's call got the pipeline built for 0.0, bitcast told)."""
+    return given, tuple(math.copysign(1.0, v) < 0 for _, v in given if isinstance(v, float))

@@ -19,7 +19,7 @@ import wgpu
 from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
-from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants
+from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.group.slot_dispatch import SlotForms
 from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, reflect
@@ -55,7 +55,7 @@ def gpu_message(exc: BaseException) -> str:
 def _key(source: KernelSource, call: KernelCall) -> tuple:
     # debug: a debug call's pipeline binds the debug channel (contract.DEBUG);
     # constants: each set is its own pipeline (None, the kernel's defaults)
-    return (source.sha256, call.entry_point, call.params is not None, call.debug, call.constants)
+    return (source.sha256, call.entry_point, call.params is not None, call.debug, call.constants and set_key(call.constants))
 
 
 class Pipelines:

@@ -29,7 +29,7 @@ from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, check_sizes, plan_bindings
 from kem_port.gpu.named.named_kit import NamedKit
-from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry
+from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
 from kem_port.gpu.pipelines import compute_stage, gpu_message
 from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
 from kem_port.gpu.session.chain_budget import ChainBudget
@@ -82,8 +82,8 @@ class NamedRuns:
         # The caller's dispatch, bounded as a chain step's is (chain_budget.py):
         # each dimension alone within the device's limit is not a bound on work.
         ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
-        pipeline, layouts = self._pipeline(device, source, call.entry_point, bound, pipeline_constants(shape, call.constants))
-        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, call.constants))
+        pipeline, layouts = self._pipeline(device, source, call, bound, pipeline_constants(shape, call.constants))
+        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, _set(call)))
 
     def check_constants(self, source: KernelSource, constants: tuple | None) -> None:
         """bad_args naming an unknown or missing override: checked before
@@ -117,7 +117,7 @@ class NamedRuns:
         """Compile the pipeline a call of this shape runs, without running it (kem check)."""
         shape = self._shape(source)
         bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))
-        self._pipeline(self.gpu.require(), source, call.entry_point, bound, pipeline_constants(shape, call.constants))
+        self._pipeline(self.gpu.require(), source, call, bound, pipeline_constants(shape, call.constants))
 
     def _used(self, source: KernelSource, entry: str) -> set[str] | None:
         """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
@@ -136,9 +136,10 @@ class NamedRuns:
                 self._shapes.pop(next(iter(self._shapes)))
         return shape
 
-    def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, entry: str, bound: list[Bound],
+    def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, call: NamedCall, bound: list[Bound],
                   constants: dict[str, float]) -> tuple:
-        key = (source.sha256, entry, tuple(sorted(constants.items())))  # each constants set is its own pipeline
+        entry = call.entry_point
+        key = (source.sha256, entry, _set(call))  # each constants set is its own pipeline
         found = self._pipelines.get(key)
         if found is not None:
             self._pipelines.move_to_end(key)
@@ -203,3 +204,8 @@ class NamedRuns:
     def _drop(self, key: tuple) -> None:
         for shape in [s for s in self._kits if s[: len(key)] == key]:
             self._kits.pop(shape).release()
+
+
+def _set(call: NamedCall) -> tuple | None:
+    """A call's constants set as a key (gpu/constants.set_key: -0.0 is not 0.0)."""
+    return set_key(call.constants) if call.constants else None
