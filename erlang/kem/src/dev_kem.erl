@@ -8,6 +8,7 @@
 %%%   packed as 32-bit little-endian words);
 %%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON);
 %%% - `run': a kernel by named buffers (dev_kem_run);
+%%% - `dashboard', `dashboard_data': the operators' page and its JSON (kem_dashboard);
 %%%
 %%% A request comes in one of two forms (docs/hyperbeam.md):
 %%% - a JSON body `{"kernel_id", "input_data": [bytes], ...}' (the
@@ -27,7 +28,7 @@
 -module(dev_kem).
 
 -export([info/1, info/3, execute_kernel/3, execute_kernel_with_params/3,
-         get_adapter_info/3, execute_chain/3, run/3]).
+         get_adapter_info/3, execute_chain/3, run/3, dashboard/3, dashboard_data/3]).
 -export([duplicate_key/1, string_input/0, field/3]).  % for dev_kem_chain and dev_kem_run
 
 -define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
@@ -35,7 +36,8 @@
 %% @doc Only these keys are reachable through the device.
 -spec info(term()) -> map().
 info(_) ->
-    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info, execute_chain, run]}.
+    #{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info, execute_chain, run,
+                  dashboard, dashboard_data]}.
 
 -spec info(map(), map(), map()) -> {ok, map()}.
 info(_Msg1, _Msg2, _Opts) ->
@@ -53,7 +55,9 @@ info(_Msg1, _Msg2, _Opts) ->
             <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>,
             <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>,
             <<"run">> => <<"POST kernel-id, buffers/NAME parts (bytes), outputs/NAME (sizes), workgroups X,Y,Z: "
-                           "every output and in/out buffer as buffers/NAME/body">>}}).
+                           "every output and in/out buffer as buffers/NAME/body">>,
+            <<"dashboard">> => <<"GET: the operators' page (HTML), refreshing from dashboard_data">>,
+            <<"dashboard_data">> => <<"GET: the dashboard's figures as JSON">>}}).
 
 -spec execute_kernel(map(), map(), map()) -> {ok, map()} | {error, map()}.
 execute_kernel(Msg1, Msg2, Opts) ->
@@ -101,6 +105,20 @@ execute_chain(Msg1, Msg2, Opts) ->
 run(Msg1, Msg2, Opts) ->
     event(kem, {request, run}),
     dev_kem_run:run(Msg1, Msg2, Opts).
+
+%% @doc The operators' page (kem_dashboard, docs/dashboard.md).
+-spec dashboard(map(), map(), map()) -> {ok, map()} | {error, map()}.
+dashboard(_Msg1, _Msg2, _Opts) ->
+    case kem_dashboard:http_page() of
+        {ok, Reply} -> {ok, Reply};
+        %% The page missing from priv is the node's fault, not the client's: 500.
+        {error, {Reason, Detail}} -> error_reply(500, <<"Failed to make the dashboard">>, Reason, Detail)
+    end.
+
+%% @doc The dashboard's figures, polled by the page every 2 s.
+-spec dashboard_data(map(), map(), map()) -> {ok, map()}.
+dashboard_data(_Msg1, _Msg2, _Opts) ->
+    json_reply(200, kem_dashboard:data()).
 
 %% A JSON body is marked as such: a string in it is text, never bytes.
 chain_body(Body) when is_binary(Body), Body =/= <<>> -> {json, json_object(Body)};

@@ -11,7 +11,7 @@
 -module(kem).
 
 -export([execute/3, run/3, request/2, request_usage/2, adapter_info/0, stats/0, config/0, ping/0,
-         health/0, metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0]).
+         health/0, metrics/0, call/3, call_usage/3, call_local/3, adapters/0, default_timeout/0, dashboard/0, dashboard_data/0]).
 %% Sessions and chains (kem_session, docs/sessions.md).
 -export([session_open/1, session_close/1, session_call/4, chain/2, request_chain_usage/2, buffer_create/3, buffer_write/4,
          buffer_read/2, buffer_read/3, buffer_list/1, buffer_free/2]).
@@ -115,6 +115,12 @@ ping() ->
 -spec metrics() -> {ok, binary()}.
 metrics() ->
     {ok, kem_metrics:text()}.
+
+%% @doc The operators' page, HTML with the figures of now inside, and the figures it polls (kem_dashboard).
+-spec dashboard() -> {ok, binary()} | {error, {not_found, binary()}}.
+dashboard() -> kem_dashboard:page().
+-spec dashboard_data() -> {ok, map()}.
+dashboard_data() -> {ok, kem_dashboard:data()}.
 
 %% @doc Whether each port can run kernels, on which adapter, CPU or GPU,
 %% and why not (kem_health).
@@ -260,6 +266,7 @@ checked_call(Method, Args, Timeout) ->
     {KernelId, BytesIn} = kernel_and_input(Args),
     BytesOut = reply_bytes(Reply),
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    ok = kem_dashboard_stats:call_done(KernelId, Reply, WallUs),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
               us => WallUs, clock => wall, node => Node}}.
 
@@ -332,6 +339,7 @@ counted(Method, KernelId, Input, Run) ->
     BytesIn = case is_binary(Input) of true -> byte_size(Input); false -> 0 end,
     BytesOut = reply_bytes(Reply),
     ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    ok = kem_dashboard_stats:call_done(KernelId, Reply, WallUs),
     {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut, us => WallUs, clock => wall,
               node => node()}}.
 

@@ -43,7 +43,8 @@ init([]) ->
           modules => [kem_port]}
      || {I, {Name, Env}} <- lists:zip(lists:seq(1, length(Specs)), Specs)],
     Owners = [#{id => kem_shm_dir, start => {kem_shm_dir, start_link, [ShmDir]}},
-              #{id => kem_quarantine, start => {kem_quarantine, start_link, []}}],
+              #{id => kem_quarantine, start => {kem_quarantine, start_link, []}},
+              #{id => kem_dashboard_stats, start => {kem_dashboard_stats, start_link, []}}],
     Session = #{id => kem_session, start => {kem_session, start_link, []}, modules => [kem_session]},
     %% After the ports: at first start they open their own; the spare
     %% server then prepares spares for later restarts (kem_spare).
