@@ -2,7 +2,7 @@
 %%% against baselines measured in the same run (the original per-call
 %%% design, and kem's transport with no GPU). Prints a table, writes JSON.
 -module(kem_bench).
--export([run/2, rate/3, settle/0, run_coalesced/1]).
+-export([run/2, rate/3, settle/0, run_coalesced/1, repo_tool/1]).
 
 -define(DOUBLE, <<"double">>).
 -define(SMALL, <<1, 3, 5, 7>>).
