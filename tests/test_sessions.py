@@ -175,7 +175,8 @@ def test_every_step_is_validated_before_anything_runs(session, rng):
         ({"kernel": "accumulate", "bind": {"nope": "acc"}}, "bad_args"),
         ({"kernel": "accumulate", "input": "acc", "output_size": 0}, "bad_args"),  # acc read and written
         ({"kernel": "no_such_kernel"}, "kernel_not_found"),
-        ({"kernel": "bad_uniform"}, "bad_kernel"),
+        ({"kernel": "bad_uniform"}, "bad_args"),  # a uniform at 3 takes the step's bytes: none given
+        ({"kernel": "sampled"}, "bad_kernel"),  # a texture: kem binds buffers only
         ({"kernel": "double_table"}, "bad_kernel"),  # a call-table kernel: plain calls only
         ({"kernel": "writes_readonly", "bind": {"state": "acc"}}, "shader_error"),
         ({"kernel": "double", "colour": 1}, "bad_args"),

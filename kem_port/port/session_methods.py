@@ -18,9 +18,10 @@ from kem_port.wire import session_protocol as sp
 from kem_port.wire import terms
 from kem_port.admission.guard import CompileGuard
 from kem_port.errors import KemError
-from kem_port.gpu.session.chain_plan import Chain, Step, StepError
+from kem_port.gpu.session.chain_steps import AnyStep, Chain, ClearStep, CopyStep, Step, StepError
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
+from kem_port.gpu.session.session_pipelines import named_shader
 from kem_port.gpu.session.session_service import SessionService
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
@@ -84,9 +85,9 @@ class SessionMethods:
         req_id, method, ref, steps, data, returns = (request.req_id, request.method, request.ref, request.steps,
                                                      request.data, request.returns)
         resolver = self.resolver
-        remote = [s.kernel_id for s in steps if resolver.resolve_local(s.kernel_id) is None]
+        remote = [s.kernel_id for s in _kernels(steps) if resolver.resolve_local(s.kernel_id) is None]
         for index, step in enumerate(steps):
-            if step.kernel_id in remote and not resolver.needs_fetch(step.kernel_id):
+            if isinstance(step, sp.StepArgs) and step.kernel_id in remote and not resolver.needs_fetch(step.kernel_id):
                 raise StepError(index, KemError("kernel_not_found", f"no kernel {step.kernel_id!r}"))
         # A fetch or a first admission (a worker round trip) never runs on the reader.
         later = bool(remote) or not _all_admitted(self.guard, self.resolver, steps)
@@ -101,12 +102,16 @@ class SessionMethods:
         else:
             run()
 
-    def _steps(self, steps: list[sp.StepArgs]) -> tuple[Step, ...]:  # kernels resolved and admitted
-        return tuple(
-            Step(self._source(i, s.kernel_id, s.entry_point), s.params, s.workgroups, s.entry_point, s.bind, s.input,
-                 s.output, s.output_size, s.grid)
-            for i, s in enumerate(steps)
-        )
+    def _steps(self, steps: list) -> tuple[AnyStep, ...]:  # kernels resolved and admitted
+        return tuple(self._step(i, s) for i, s in enumerate(steps))
+
+    def _step(self, index: int, s: sp.StepArgs | sp.CopyArgs | sp.ClearArgs) -> AnyStep:
+        if isinstance(s, sp.CopyArgs):
+            return CopyStep(s.src, s.src_offset, s.dst, s.dst_offset, s.size)
+        if isinstance(s, sp.ClearArgs):
+            return ClearStep(s.buffer, s.offset, s.size)
+        return Step(self._source(index, s.kernel_id, s.entry_point, s.constants), s.params, s.workgroups, s.entry_point,
+                    s.bind, s.input, s.output, s.output_size, s.grid, s.constants, s.buffers, s.outputs)
 
     def _chain_work(self, method: str, ref, chain_steps: tuple[Step, ...], returns, data: bytes) -> Work:
         store, chains = self.service.sessions, self.service.chains
@@ -124,25 +129,29 @@ class SessionMethods:
 
         return work
 
-    def _small_chain(self, ref: tuple[int, int] | None, steps: list[sp.StepArgs], chain_steps: tuple[Step, ...], data: bytes) -> bool:
+    def _small_chain(self, ref: tuple[int, int] | None, steps: list, chain_steps: tuple[AnyStep, ...], data: bytes) -> bool:
         """Short enough to run on the reader: little data, few steps, every kernel compiled
         (a compile takes tens of ms), none that may loop (port/lone_call.py)."""
-        outputs = [s.output_size if s.output_size is not None else len(data) for s in steps]
+        kernels = _kernels(steps)
+        outputs = [s.output_size if s.output_size is not None else len(data) for s in kernels]
+        outputs += [sum(s.outputs.values()) + sum(map(len, s.buffers.values())) for s in kernels]
         held = self.service.sessions.bytes_of(ref[1]) if ref is not None else 0
         pipelines = self.service.chains.pipelines
         return (
             len(steps) <= INLINE_STEPS
             and len(data) + sum(outputs) + held <= SMALL_CALL
-            and all(pipelines.has(self.resolver.resolve_local(s.kernel_id), s.entry_point, s.params) for s in steps)
-            and not any(may_loop(s.source.text, s.source.sha256, s.entry_point) for s in chain_steps)
+            and all(pipelines.has(self.resolver.resolve_local(s.kernel_id), s.entry_point, s.params, s.constants) for s in kernels)
+            and not any(may_loop(s.source.text, s.source.sha256, s.entry_point) for s in chain_steps if type(s) is Step)
         )
 
-    def _source(self, index: int, kernel_id: str, entry: str) -> KernelSource:
+    def _source(self, index: int, kernel_id: str, entry: str, constants: tuple | None = None) -> KernelSource:
         resolver = self.resolver
         try:
             source = resolver.resolve_local(kernel_id) or resolver.fetch(kernel_id)
-            return self.guard.admit_for_session(source, entry) if self.guard is not None else source
+            return self.guard.admit_for_session(source, entry, constants) if self.guard is not None else source
         except KemError as exc:
+            if exc.reason == "shader_error":  # the admission worker's compile: name the kernel (issue 26)
+                exc = KemError(exc.reason, named_shader(exc.detail, kernel_id))
             raise StepError(index, exc) from None
 
     # -- running and answering ----------------------------------------------
@@ -196,9 +205,14 @@ def _tagged(req_id: int) -> Callable[[Callable], Callable]:
     return tag
 
 
-def _all_admitted(guard: CompileGuard | None, resolver: KernelResolver, steps: list[sp.StepArgs]) -> bool:
+def _kernels(steps: list) -> list[sp.StepArgs]:
+    """The kernel steps (not copies or clears)."""
+    return [s for s in steps if isinstance(s, sp.StepArgs)]
+
+
+def _all_admitted(guard: CompileGuard | None, resolver: KernelResolver, steps: list) -> bool:
     """Whether every step's kernel is local and already admitted for sessions."""
     if guard is None:
         return True
-    sources = [(resolver.resolve_local(s.kernel_id), s.entry_point) for s in steps]
-    return all(src is not None and guard.is_admitted_for_session(src, entry) for src, entry in sources)
+    sources = [(resolver.resolve_local(s.kernel_id), s) for s in _kernels(steps)]
+    return all(src is not None and guard.is_admitted_for_session(src, s.entry_point, s.constants) for src, s in sources)

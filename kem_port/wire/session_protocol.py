@@ -1,22 +1,23 @@
 """Session and chain requests off the wire: shape checks and typed arguments.
 
 A session travels as ``{Incarnation, SessionId}`` (the Erlang handle
-carries both); buffer names as binaries or atoms; a chain step as a map
-(docs/sessions.md). Every size is checked against the limits before
+carries both); buffer names as binaries or atoms; a chain step as a map:
+a kernel step, ``#{copy => {Src, SrcOffset, Dst, DstOffset, Size}}`` or
+``#{clear => {Buffer, Offset, Size}}`` (docs/sessions.md). Every size is checked against the limits before
 anything is allocated; kernel ids are resolved by the router.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
-from kem_port.gpu.session.chain_plan import StepError
+from kem_port.gpu.session.chain_steps import StepError
 from kem_port.gpu.session.sessions import check_name
 from kem_port.wire import protocol
-from kem_port.wire.protocol import _entry_point, _grid, _kernel_id, _params, _workgroups, dispatch_given
+from kem_port.wire.protocol import _entry_point, _grid, _kernel_id, _params, _workgroups, constants, dispatch_given
 from kem_port.wire.terms import atom_name, binary_bytes
 
 SESSION_METHODS = (
@@ -24,8 +25,10 @@ SESSION_METHODS = (
     "buffer_list", "buffer_free", "session_call", "chain",
 )
 MAX_STEPS = 256
-STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size", "grid")
-CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid")
+MAX_STEP_BUFFERS = 64  # a step's own buffers: far over WebGPU's 8 storage + 12 uniform buffers a stage
+STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size", "grid",
+             "constants", "buffers", "outputs")
+CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs")
 CHAIN_OPTS = ("input", "return")
 
 
@@ -42,6 +45,29 @@ class StepArgs:
     output: str | None
     output_size: int | None
     grid: tuple[int, int, int] | None = None  # invocations (gpu/dispatch.py); not with workgroups
+    constants: tuple[tuple[str, int | float], ...] | None = None  # pipeline constants (gpu/constants.py)
+    buffers: dict[str, bytes] = field(default_factory=dict)  # the step's own bytes, by WGSL name
+    outputs: dict[str, int] = field(default_factory=dict)  # new buffers by name: their sizes
+
+
+@dataclass(frozen=True)
+class CopyArgs:
+    """``#{copy => {Src, SrcOffset, Dst, DstOffset, Size}}``."""
+
+    src: str
+    src_offset: int
+    dst: str
+    dst_offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ClearArgs:
+    """``#{clear => {Buffer, Offset, Size}}``."""
+
+    buffer: str
+    offset: int
+    size: int
 
 
 def session_ref(value: Any) -> tuple[int, int]:
@@ -101,18 +127,59 @@ def bind_map(value: Any) -> dict[str, str]:
     return {name(k, "bind key"): name(v, "bind value") for k, v in value.items()}
 
 
-def step_args(value: Any, config: Config) -> StepArgs:
-    opts = options(value, STEP_KEYS, "step")
+def step_args(value: Any, config: Config) -> StepArgs | CopyArgs | ClearArgs:
+    opts = options(value, STEP_KEYS + ("copy", "clear"), "step")
+    for kind in ("copy", "clear"):
+        if kind in opts:
+            if len(opts) > 1:
+                raise bad_args(f"a {kind} step is #{{{kind} => {{...}}}} alone; it has no {sorted(set(opts) - {kind})[0]}")
+            return _copy(opts[kind], config) if kind == "copy" else _clear(opts[kind], config)
     if "kernel" not in opts:
-        raise bad_args("a step needs kernel => KernelId")
+        raise bad_args("a step needs kernel => KernelId (or is #{copy => ...} or #{clear => ...})")
     return _step(opts, config)
+
+
+def _copy(value: Any, config: Config) -> CopyArgs:
+    if not (isinstance(value, tuple) and len(value) == 5):
+        raise bad_args("copy is {Src, SrcOffset, Dst, DstOffset, Size}: names and byte counts")
+    src, src_offset, dst, dst_offset, count = value
+    return CopyArgs(name(src), size(src_offset, "copy source offset", config), name(dst),
+                    size(dst_offset, "copy destination offset", config), size(count, "copy size", config))
+
+
+def _clear(value: Any, config: Config) -> ClearArgs:
+    if not (isinstance(value, tuple) and len(value) == 3):
+        raise bad_args("clear is {Buffer, Offset, Size}: a name and byte counts")
+    buffer, offset, count = value
+    return ClearArgs(name(buffer), size(offset, "clear offset", config), size(count, "clear size", config))
+
+
+def _named_map(value: Any, what: str, read) -> dict:
+    if not isinstance(value, dict):
+        raise bad_args(f"{what} must be a map #{{Name => ...}}")
+    if len(value) > MAX_STEP_BUFFERS:
+        raise too_large(f"{len(value)} {what}; at most {MAX_STEP_BUFFERS}")
+    named = {}
+    for key, item in value.items():
+        text = name(key, f"{what} key")
+        if text in named:
+            raise bad_args(f"{what} gives {text!r} twice")
+        named[text] = read(item, text)
+    return named
+
+
+def _step_buffers(value: Any, config: Config) -> dict[str, bytes]:
+    found = _named_map(value, "buffers", lambda v, k: binary(v, f"buffer {k!r}", config))
+    total = sum(map(len, found.values()))
+    if total > config.max_input_bytes:
+        raise too_large(f"buffers of {total} bytes are over KEM_MAX_INPUT_BYTES={config.max_input_bytes}")
+    return found
 
 
 def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> StepArgs:
     """session_call's one step: the call's input in, output_size bytes out
-    (default: as many as the input)."""
+    (default: as many as the input, chain_plan's default for a first step)."""
     opts = options(opts_term, CALL_OPTS, "option")
-    opts.setdefault("output_size", len(data))
     opts["kernel"] = kernel
     return _step(opts, config)
 
@@ -129,10 +196,13 @@ def _step(opts: dict[str, Any], config: Config) -> StepArgs:
         output=name(opts["output"]) if "output" in opts else None,
         output_size=size(opts["output_size"], "output_size", config) if "output_size" in opts else None,
         grid=_grid(opts["grid"]) if "grid" in opts else None,
+        constants=constants(opts["constants"]) if "constants" in opts else None,
+        buffers=_step_buffers(opts["buffers"], config) if "buffers" in opts else {},
+        outputs=_named_map(opts["outputs"], "outputs", lambda v, k: size(v, f"output {k!r}", config)) if "outputs" in opts else {},
     )
 
 
-def chain_steps(value: Any, config: Config) -> list[StepArgs]:
+def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyArgs | ClearArgs]:
     if not isinstance(value, list) or not value:
         raise bad_args("Steps must be a non-empty list of maps")
     if len(value) > MAX_STEPS:

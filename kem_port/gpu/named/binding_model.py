@@ -20,6 +20,10 @@ from kem_port.gpu.wgsl.wgsl_reflect import Binding, KernelShape
 
 MAX_GROUPS = 4  # WebGPU's maxBindGroups default, and every adapter's
 UNIFORM_ALIGN = 16
+# The refusal of a kernel outside kem@1.0's shape given no dispatch: a
+# single call by named buffers and a session call or chain step say the same.
+NEEDS_DISPATCH = ("a call by named buffers gives its dispatch: grid => {X, Y, Z} (invocations) or workgroups; "
+                  "kem's default rules are for kem@1.0-shaped kernels only (docs/dispatch.md)")
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def plan_bindings(shape: KernelShape, call: NamedCall, limits: Limits, used: set
     if not any(role_of(b) == "output" for b in bindings):
         raise KemError("bad_kernel", "the kernel writes no buffer (no var<storage, read_write>): nothing would come back")
     bound = [_bind(b, call, limits) for b in bindings]
-    _check_counts(bound, limits)
+    check_counts(bound, limits)
     return bound
 
 
@@ -174,7 +178,7 @@ def check_sizes(bound: list[Bound]) -> None:
                            f"{x.logical} bytes is not a whole number of them")
 
 
-def _check_counts(bound: list[Bound], limits: Limits) -> None:
+def check_counts(bound: list[Bound], limits: Limits) -> None:
     storage = sum(1 for x in bound if x.role != "uniform")
     uniforms = len(bound) - storage
     if storage > limits.storage_per_stage:

@@ -27,7 +27,7 @@ import wgpu
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
-from kem_port.gpu.named.binding_model import Bound, Limits, NamedCall, check_sizes, plan_bindings
+from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Bound, Limits, NamedCall, check_sizes, plan_bindings
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
 from kem_port.gpu.pipelines import compute_stage, gpu_message
@@ -69,8 +69,7 @@ class NamedRuns:
         if entry is None or entry.stage != "compute":
             raise KemError("bad_kernel", f"no @compute entry point {call.entry_point!r} (found {shape.compute_entries()})")
         if call.workgroups is None and call.grid is None:
-            raise bad_args("a call by named buffers gives its dispatch: grid => {X, Y, Z} (invocations) or workgroups; "
-                           "kem's default rules are for kem@1.0-shaped kernels only (docs/dispatch.md)")
+            raise bad_args(NEEDS_DISPATCH)
         entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
         check_workgroup_limits(entry, device.limits)
         bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))

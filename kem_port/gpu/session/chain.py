@@ -1,11 +1,12 @@
-"""Running a validated chain (gpu/chain_plan.py) as ONE submission.
+"""Running a validated chain (gpu/session/chain_plan.py) as ONE submission.
 
-Temporaries come from the buffer pool and are cleared; every step is one
-dispatch of one compute pass (WebGPU orders dispatches that share a
-buffer, so step n+1 reads what step n wrote without a round trip); only
-the buffers asked for are copied to one staging buffer and read back.
-A session call is a chain of one step whose input and output are the
-call's own bytes.
+Temporaries come from the buffer pool and are cleared (or filled with the
+bytes they start with); every kernel step is one dispatch, consecutive
+ones in one compute pass (WebGPU orders dispatches that share a buffer,
+so step n+1 reads what step n wrote without a round trip); a copy or
+clear step ends the pass and runs as the encoder's own copy command;
+only the buffers asked for are copied to one staging buffer and read
+back. A session call is a chain of one step.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import wgpu
 
 from kem_port.gpu import contract
-from kem_port.gpu.session import session_contract
-from kem_port.gpu.session.chain_plan import Chain, ChainPlan, Planner, Slot
+from kem_port.gpu.session.chain_plan import Chain, ChainPlan, Planner
+from kem_port.gpu.session.chain_steps import PlannedClear, PlannedCopy, PlannedStep, Slot
 from kem_port.gpu.device import Device
 from kem_port.gpu.session.session_pipelines import SessionPipelines
 from kem_port.gpu.session.sessions import finish_and_read
@@ -39,7 +40,7 @@ class ChainRunner:
         self.stats.inc("chain_steps", len(plan.steps))
         if not plan.named_result:
             return results[0]
-        return {slot.name or "": data for slot, data in zip(plan.returns, results)}
+        return dict(zip(plan.names, results))
 
     def _execute(self, plan: ChainPlan) -> list[bytes]:
         device = self.gpu.require()
@@ -51,21 +52,13 @@ class ChainRunner:
             u_buf = self._params(device, plan, taken)
             encoder = device.create_command_encoder()
             self._fill_temporaries(device, encoder, plan.temporaries)
-            compute = encoder.begin_compute_pass()
-            current = None
-            for step in plan.steps:
-                if step.pipeline is not current:
-                    compute.set_pipeline(step.pipeline.pipeline)
-                    current = step.pipeline
-                compute.set_bind_group(0, self._bind_group(device, step, u_buf))
-                compute.dispatch_workgroups(*step.groups)
-            compute.end()
-            # The last output's first word rides along as a fence: the
+            self._encode(device, encoder, plan, u_buf)
+            # A buffer the last step writes rides along as a fence: the
             # answer waits for the work even when nothing else is read.
-            last = plan.steps[-1].output
+            fence = plan.steps[-1].written
             ranges = [(slot.buffer, slot.offset, pad_copy(slot)) for slot in plan.returns]
-            if not any(slot is last and slot.logical for slot in plan.returns):
-                ranges.append((last.buffer, last.offset, 4))
+            if not any(slot is fence and slot.logical for slot in plan.returns):
+                ranges.append((fence.buffer, fence.offset, 4))
             read = finish_and_read(device, self.gpu, encoder, ranges)
             return [data[: slot.logical] for data, slot in zip(read, plan.returns)]
         finally:
@@ -79,21 +72,50 @@ class ChainRunner:
             slot.buffer = self.gpu.pool.take("session", slot.size)  # type: ignore[union-attr]
             taken.append(("session", slot.buffer))
 
+    def _encode(self, device: wgpu.GPUDevice, encoder, plan: ChainPlan, u_buf) -> None:
+        """Kernel steps in compute passes; a copy or clear between passes."""
+        compute, current = None, None
+        for step in plan.steps:
+            if type(step) is PlannedStep:
+                if compute is None:
+                    compute, current = encoder.begin_compute_pass(), None
+                if step.pipeline is not current:
+                    compute.set_pipeline(step.pipeline.pipeline)
+                    current = step.pipeline
+                for group, bind_group in self._bind_groups(device, step, u_buf):
+                    compute.set_bind_group(group, bind_group)
+                compute.dispatch_workgroups(*step.groups)
+                continue
+            if compute is not None:
+                compute.end()
+                compute = None
+            if type(step) is PlannedCopy:
+                if step.size:
+                    encoder.copy_buffer_to_buffer(step.src.buffer, step.src.offset + step.src_offset,
+                                                  step.dst.buffer, step.dst.offset + step.dst_offset, step.size)
+            elif type(step) is PlannedClear and step.size:
+                encoder.clear_buffer(step.slot.buffer, step.slot.offset + step.offset, step.size)
+        if compute is not None:
+            compute.end()
+
     def _params(self, device: wgpu.GPUDevice, plan: ChainPlan, taken: list) -> wgpu.GPUBuffer | None:
-        """Every step's params in one uniform buffer, each at an aligned offset."""
+        """Every step's uniforms in one uniform buffer, each at an aligned offset."""
         total = 0
         for step in plan.steps:
-            if step.params is not None:
-                step.u_offset = total
-                total += contract.align(_uniform_size(step.params), self.gpu.uniform_align)
+            if type(step) is PlannedStep:
+                step.u_offsets = []
+                for _, _, data in step.uniforms:
+                    step.u_offsets.append(total)
+                    total += contract.align(_uniform_size(data), self.gpu.uniform_align)
         if not total:
             return None
         u_buf = self.gpu.pool.take("uniform", total)  # type: ignore[union-attr]
         taken.append(("uniform", u_buf))
         packed = bytearray(total)
         for step in plan.steps:
-            if step.params is not None:
-                packed[step.u_offset : step.u_offset + len(step.params)] = step.params
+            if type(step) is PlannedStep:
+                for (_, _, data), at in zip(step.uniforms, step.u_offsets):
+                    packed[at : at + len(data)] = data
         device.queue.write_buffer(u_buf, 0, packed)
         return u_buf
 
@@ -108,15 +130,18 @@ class ChainRunner:
             else:
                 encoder.clear_buffer(slot.buffer, 0, slot.size)
 
-    def _bind_group(self, device: wgpu.GPUDevice, step, u_buf):
-        params = (u_buf, step.u_offset, _uniform_size(step.params)) if step.params is not None else None
-        entries = session_contract.group_entries(
-            (step.input.buffer, step.input.offset, step.input.size),
-            (step.output.buffer, step.output.offset, step.output.size),
-            params,
-            [(binding, slot.buffer, slot.offset, slot.size) for binding, slot in step.named],
-        )
-        return self.pipelines.bind_group(device, step.pipeline, entries)
+    def _bind_groups(self, device: wgpu.GPUDevice, step: PlannedStep, u_buf) -> list[tuple[int, wgpu.GPUBindGroup]]:
+        """The step's bind group of each group its layout has, cached by their buffers."""
+        entries: dict[int, list[dict]] = {group: [] for group in step.pipeline.layouts}
+        for group, binding, slot in step.storage:
+            entries[group].append(_entry(binding, slot.buffer, slot.offset, slot.size))
+        for (group, binding, data), at in zip(step.uniforms, step.u_offsets):
+            entries[group].append(_entry(binding, u_buf, at, _uniform_size(data)))
+        return [(group, self.pipelines.bind_group(device, step.pipeline, found, group)) for group, found in entries.items()]
+
+
+def _entry(binding: int, buffer: wgpu.GPUBuffer, offset: int, size: int) -> dict:
+    return {"binding": binding, "resource": {"buffer": buffer, "offset": offset, "size": size}}
 
 
 def _uniform_size(params: bytes) -> int:

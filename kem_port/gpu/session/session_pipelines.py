@@ -1,9 +1,10 @@
 """Compiled pipelines for kernels run in a session or chain.
 
 They differ from a plain call's (gpu/pipelines.py) only in their layout:
-bindings from 3 up are named storage buffers (gpu/session_contract.py).
-Cached per (kernel sha256, entry point, with or without params) for one
-device; a new device empties the cache.
+every binding but a kem@1.0 kernel's 0-2 is named, in up to four bind
+groups (gpu/session/session_contract.py). Cached per (kernel sha256, entry
+point, with or without params, constants set) for one device; a new
+device empties the cache.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from dataclasses import dataclass
 
 import wgpu
 
+from kem_port.errors import KemError
 from kem_port.gpu import contract
+from kem_port.gpu.constants import pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
-from kem_port.gpu.pipelines import compile_with_layout
+from kem_port.gpu.pipelines import compute_stage, gpu_message
 from kem_port.gpu.session.session_contract import SessionLayout
-from kem_port.gpu.wgpu_private import serial_of
+from kem_port.gpu.wgpu_private import ErrorCapture, serial_of
+from kem_port.gpu.wgsl.wgsl_calls import used_names
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
@@ -30,7 +34,7 @@ BIND_GROUP_CACHE_SIZE = 512
 @dataclass(frozen=True)
 class SessionPipeline:
     pipeline: wgpu.GPUComputePipeline
-    layout: wgpu.GPUBindGroupLayout
+    layouts: dict[int, wgpu.GPUBindGroupLayout]  # by group, 0 to the highest used
     shape: SessionLayout
     serial: int  # never reused: keys the bind group cache
 
@@ -44,28 +48,30 @@ class SessionPipelines:
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._serial = 0
 
-    def has(self, source: KernelSource, entry_point: str, params: bytes | None) -> bool:
-        return (source.sha256, entry_point, params is not None) in self._cache
+    def has(self, source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None = None) -> bool:
+        return _key(source, entry_point, params, constants) in self._cache
 
-    def get(self, device: wgpu.GPUDevice, source: KernelSource, entry_point: str, params: bytes | None) -> SessionPipeline:
+    def get(self, device: wgpu.GPUDevice, source: KernelSource, entry_point: str, params: bytes | None,
+            constants: tuple | None = None) -> SessionPipeline:
         if device is not self._device:
             self._cache.clear()
             self._bind_groups.clear()
             self._device = device
-        key = (source.sha256, entry_point, params is not None)
+        key = _key(source, entry_point, params, constants)
         found = self._cache.get(key)
         if found is not None:
-            if params is not None:
+            if params is not None and found.shape.positional:
                 contract.check_params_size(self._shapes[source.sha256], params)
             self._cache.move_to_end(key)
             return found
         shape = self._shapes.get(source.sha256)
         if shape is None:
             shape = self._shapes[source.sha256] = reflect(source.text)
-        layout = session_contract.check_session_layout(shape, entry_point, params)
+        layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(source.text, entry_point))
         started = time.perf_counter()
         self._serial += 1
-        compiled = _compile(device, source, entry_point, layout, params is not None, self._serial)
+        compiled = _compile(device, source, entry_point, layout, params is not None, self._serial,
+                            pipeline_constants(shape, constants))
         self.stats.inc("compiles")
         self.stats.add_time("compile", time.perf_counter() - started)
         self._cache[key] = compiled
@@ -73,24 +79,50 @@ class SessionPipelines:
             self._cache.popitem(last=False)
         return compiled
 
-    def bind_group(self, device: wgpu.GPUDevice, pipeline: SessionPipeline, entries: list[dict]) -> wgpu.GPUBindGroup:
-        """A bind group, cached by pipeline and each entry's buffer serial,
-        offset and size: a chain run again on pooled buffers creates none
-        (a bind group is one more native call per step, ~20 us here)."""
-        key = (pipeline.serial,) + tuple(
+    def bind_group(self, device: wgpu.GPUDevice, pipeline: SessionPipeline, entries: list[dict], group: int = 0) -> wgpu.GPUBindGroup:
+        """A bind group, cached by pipeline, group and each entry's buffer
+        serial, offset and size: a chain run again on pooled buffers creates
+        none (a bind group is one more native call per step, ~20 us here)."""
+        key = (pipeline.serial, group) + tuple(
             (e["binding"], serial_of(e["resource"]["buffer"]), e["resource"]["offset"], e["resource"]["size"]) for e in entries
         )
-        group = self._bind_groups.get(key)
-        if group is not None:
+        found = self._bind_groups.get(key)
+        if found is not None:
             self._bind_groups.move_to_end(key)
-            return group
-        group = self._bind_groups[key] = device.create_bind_group(layout=pipeline.layout, entries=entries)
+            return found
+        made = self._bind_groups[key] = device.create_bind_group(layout=pipeline.layouts[group], entries=entries)
         while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
             self._bind_groups.popitem(last=False)
-        return group
+        return made
 
 
-def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool, serial: int) -> SessionPipeline:
-    entries = session_contract.layout_entries(layout, has_params)
-    pipeline, group_layout = compile_with_layout(device, source, entry, entries)
-    return SessionPipeline(pipeline, group_layout, layout, serial)
+def _key(source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None) -> tuple:
+    """Each constants set is its own pipeline (gpu/constants.set_key: -0.0 is not 0.0)."""
+    return source.sha256, entry_point, params is not None, set_key(constants) if constants else None
+
+
+def named_shader(message: str, kernel_id: str) -> str:
+    """naga's message with the kernel's id where it names the shader: wgpu-native
+    22 drops the module's label, so a chain step's compile error said
+    ``Shader '' parsing error`` and ``┌─ wgsl:4:26`` (issue 26), not which kernel."""
+    return message.replace("Shader ''", f"Shader '{kernel_id}'").replace("┌─ wgsl:", f"┌─ {kernel_id}:").replace("┌─ :", f"┌─ {kernel_id}:")
+
+
+def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool, serial: int,
+             constants: dict[str, float]) -> SessionPipeline:
+    """Shader module, one layout per bind group, the pipeline; naga's words
+    as shader_error (naming the kernel) or bad_kernel."""
+    errors = ErrorCapture()
+    try:
+        module = errors.call(lambda: device.create_shader_module(code=source.text, label=source.kernel_id))
+    except wgpu.GPUError as exc:
+        raise KemError("shader_error", named_shader(gpu_message(exc), source.kernel_id)) from None
+    try:
+        layouts = {g: errors.call(lambda e=e: device.create_bind_group_layout(entries=e))
+                   for g, e in session_contract.layout_entries(layout, has_params).items()}
+        pipeline = errors.call(lambda: device.create_compute_pipeline(
+            layout=device.create_pipeline_layout(bind_group_layouts=list(layouts.values())),
+            compute=compute_stage(module, entry, constants), label=source.kernel_id))
+    except wgpu.GPUError as exc:
+        raise KemError("bad_kernel", gpu_message(exc)) from None
+    return SessionPipeline(pipeline, layouts, layout, serial)
