@@ -64,13 +64,15 @@ def installed_python(wheel: Path, tmp_path_factory) -> Path:
     return python
 
 
-def test_wheel_holds_every_subpackage_kernels_and_license(wheel: Path) -> None:
+def test_wheel_holds_every_subpackage_kernels_pages_and_license(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kem_port").rglob("*.py")}
     kernels = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kem_port" / "kernels").glob("*.wgsl")}
-    assert sources and kernels
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "kem_port" / "playground" / "static").iterdir()}  # kem playground's page
+    assert sources and kernels and pages
     assert sources - names == set()
     assert kernels - names == set()
+    assert pages - names == set()
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()

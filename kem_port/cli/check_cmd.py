@@ -45,11 +45,24 @@ def add_parser(sub) -> None:
 
 
 def handle(args: argparse.Namespace, console: Console) -> int:
-    from kem_port.api import Runner, gpu_layer
+    from kem_port.api import Runner
 
     params = inputs.parse_params(args.params, args.params_hex, None)
     runner = Runner()
     source = common.resolve(runner, args.kernel, console)
+    report = build_report(runner, source, args, params, console)
+    _print(report, args)
+    if not report["ok"] and not report["named"]["ok"]:
+        raise CliError(f"{args.kernel}: not a valid kem kernel: {report['reason']}")
+    return 0
+
+
+def build_report(runner, source, args, params: bytes | None, console: Console) -> dict:
+    """The whole check of one kernel (the playground's as-you-type check
+    runs this too): ``args`` carries the call options add_call_options
+    defines, and input_size."""
+    from kem_port.api import gpu_layer
+
     shape = gpu_layer().reflect(source.text)
     report: dict = {"kernel": source.origin, "sha256": source.sha256, **describe_shape(shape)}
     takes_params = shape.binding(0, 2) is not None
@@ -70,10 +83,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     except KemError as exc:
         report.update(ok=False, reason=exc.reason, error=exc.detail)
     report["named"] = named_report(runner, source, shape, args.entry_point, dict(args.constant) if args.constant else None)
-    _print(report, args)
-    if not report["ok"] and not report["named"]["ok"]:
-        raise CliError(f"{args.kernel}: not a valid kem kernel: {report['reason']}")
-    return 0
+    return report
 
 
 def describe_shape(shape: KernelShape) -> dict:

@@ -1,0 +1,156 @@
+"""The playground's HTTP server: the page's three static files and two JSON
+routes, on a loopback address only.
+
+Why loopback only, and the checks on every request: the server runs any
+WGSL it is sent on the author's GPU, as the author. A page on another site
+could try to reach it through the browser, so
+- it binds 127.0.0.0/8 only (``serve`` refuses any other address);
+- the Host header must name that address or ``localhost`` with our port
+  (a DNS-rebinding page arrives under its own host name): 421 otherwise;
+- the JSON routes take ``Content-Type: application/json`` only, which a
+  cross-site form cannot send and a cross-site fetch cannot send without a
+  preflight this server never grants (no CORS headers at all);
+- a body over MAX_BODY is refused (413) from its Content-Length, before a
+  byte of it is read; one without a Content-Length is 411.
+Every failure is JSON ``{"ok": false, "error": {"reason", "detail"}}``;
+an unexpected one is ``internal`` with no detail (it is logged).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from kem_port.errors import KemError
+from kem_port.playground.bench import Bench
+from kem_port.playground.diagnostics import diagnostics
+
+log = logging.getLogger("kem_port.playground")
+
+# 24 MiB: a 16 MiB input file in base64 (4/3 of it, 21.3 MiB) plus the
+# kernel text and fields; larger inputs belong to `kem run --input`.
+MAX_BODY = 24 << 20
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"), "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/style.css": ("style.css", "text/css; charset=utf-8")}
+# The page's own files only; images come back as data: URLs.
+CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'"
+# 127.0.0.0/8, and its first address the default bind (spelt so, because
+# the version's one home is the only "N.N.N" string literal in kem_port).
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+DEFAULT_HOST = str(LOOPBACK[1])
+STATUS = {"bad_args": 400, "too_large": 413, "internal": 500, "no_adapter": 503, "overloaded": 503}
+
+
+class PlaygroundServer(ThreadingHTTPServer):
+    daemon_threads = True  # a request still running at Ctrl-C does not hold the exit
+
+    def __init__(self, host: str, port: int, bench: Bench) -> None:
+        if not loopback(host):
+            raise KemError("bad_args", f"the playground serves this machine only: {host!r} is not a loopback address (127.x.x.x)")
+        self.bench = bench
+        self.pages = {route: (resources.files(__package__).joinpath("static", name).read_bytes(), kind)
+                      for route, (name, kind) in STATIC.items()}
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/"
+
+
+def loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address in LOOPBACK
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: PlaygroundServer
+    server_version = "kem-playground"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if not self._host_ok():
+            return
+        page = self.server.pages.get(self.path.split("?", 1)[0])
+        if page is None:
+            self._error(404, "not_found", "no such page")
+            return
+        self._send(200, page[1], page[0])
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._host_ok():
+            return
+        route = {"/api/check": self.server.bench.check, "/api/run": self.server.bench.run}.get(self.path)
+        if route is None:
+            self._error(404, "not_found", "no such route")
+            return
+        body = self._body()
+        if body is None:
+            return
+        try:
+            answer = route(body)
+        except KemError as exc:
+            self._error(STATUS.get(exc.reason, 422), exc.reason, exc.detail, diagnostics(exc.reason, exc.detail))
+            return
+        except Exception:  # a bug, not the author's kernel: logged here, no internals in the reply
+            log.exception("playground request failed")
+            self._error(500, "internal", "internal error (details in the playground's log)")
+            return
+        self._json(200, answer)
+
+    def _host_ok(self) -> bool:
+        port = self.server.server_address[1]
+        host = self.headers.get("Host", "")
+        if host not in (f"{self.server.server_address[0]}:{port}", f"localhost:{port}"):
+            self._error(421, "bad_host", "the playground answers only to its own address")
+            return False
+        return True
+
+    def _body(self) -> dict | None:
+        if self.headers.get_content_type() != "application/json":
+            self._error(415, "bad_args", "send application/json")
+            return None
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self._error(411, "bad_args", "a Content-Length is required")
+            return None
+        if int(length) > MAX_BODY:
+            self.close_connection = True  # the body is never read
+            self._error(413, "too_large", f"request body of {length} bytes, over the playground's {MAX_BODY}")
+            return None
+        try:
+            body = json.loads(self.rfile.read(int(length)))
+        except (ValueError, UnicodeDecodeError):
+            self._error(400, "bad_args", "the body is not JSON")
+            return None
+        if not isinstance(body, dict):
+            self._error(400, "bad_args", "the body is a JSON object")
+            return None
+        return body
+
+    def _error(self, status: int, reason: str, detail: str, found: list | None = None) -> None:
+        self._json(status, {"ok": False, "error": {"reason": reason, "detail": detail}, "diagnostics": found or []})
+
+    def _json(self, status: int, value: Any) -> None:
+        self._send(status, "application/json", json.dumps(value).encode())
+
+    def _send(self, status: int, kind: str, data: bytes) -> None:
+        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        log.debug("%s " + format, self.address_string(), *args)

@@ -1,0 +1,140 @@
+"""`kem playground`'s server without a browser: a real server on a real
+socket, real wgpu. Values against numpy on fresh random inputs; every
+refusal JSON with a reason; the loopback-only bind and the body cap."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kem_port.playground.bench import Bench
+from kem_port.playground.server import MAX_BODY, PlaygroundServer
+from kem_port.errors import KemError
+
+ROOT = Path(__file__).resolve().parents[1]
+XOR = """@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@group(0) @binding(2) var<uniform> key: vec4<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    output_words[i] = input_words[i] ^ key.x;
+}
+"""
+ADD = """@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+
+@compute @workgroup_size(32)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&c)) { c[gid.x] = a[gid.x] * 2.0 + b[gid.x]; }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    bench = Bench()
+    srv = PlaygroundServer("127.0.0.1", 0, bench)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    bench.close()
+
+
+def request(server, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    data = json.dumps(body).encode() if body is not None else None
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_check_places_naga_and_lexer_errors_at_their_line_and_column(server):
+    status, answer = request(server, "POST", "/api/check", {"code": XOR.replace("key.x;", "kee.x;")})
+    assert status == 200 and answer["ok"] is False
+    line = next(n for n, t in enumerate(XOR.splitlines(), 1) if "key.x;" in t)
+    col = XOR.splitlines()[line - 1].index("key.x;") + 1
+    assert [(d["line"], d["col"]) for d in answer["diagnostics"]] == [(line, col)]
+    assert "kee" in answer["diagnostics"][0]["message"]
+    # A character the canonical lexer refuses: kem's own place, line 3 column 5.
+    status, answer = request(server, "POST", "/api/check", {"code": "// ok\n\n    \u00e9"})
+    assert status == 200 and answer["diagnostics"][0]["line"] == 3 and answer["diagnostics"][0]["col"] == 5
+    status, answer = request(server, "POST", "/api/check", {"code": XOR})
+    assert status == 200 and answer["ok"] and answer["mode"] == "kem" and answer["diagnostics"] == []
+    assert [b["name"] for b in answer["report"]["bindings"]] == ["input_words", "output_words", "key"]
+
+
+@pytest.mark.parametrize("words", [1, 63, 65, 2000])
+def test_a_kem_run_is_numpys_answer_and_warm_after_the_first(server, words, rng):
+    seed, key = int(rng.integers(0, 1 << 31)), int(rng.integers(0, 1 << 32))
+    body = {"code": XOR, "input": {"kind": "random", "size": words * 4, "seed": seed}, "params": f"{key},0,0,0"}
+    status, answer = request(server, "POST", "/api/run", body)
+    assert status == 200, answer
+    x = np.frombuffer(np.random.default_rng(seed).bytes(words * 4), "<u4")
+    (out,) = answer["outputs"]
+    assert bytes.fromhex(out["hex"]) == (x ^ np.uint32(key)).astype("<u4").tobytes()[:4096]
+    assert out["bytes"] == words * 4 and answer["dispatch_rule"] == "1-D"
+    assert answer["workgroups"] == [-(-words // 64), 1, 1]
+    status, again = request(server, "POST", "/api/run", body)
+    assert again["warm"] and again["timings_ms"]["device_open"] == 0 and again["outputs"] == answer["outputs"]
+
+
+def test_a_named_run_is_numpys_answer(server, rng):
+    n = int(rng.integers(1, 500))
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    body = {"code": ADD, "mode": "named", "grid": [n], "outputs": {"c": n * 4},
+            "buffers": {"a": {"kind": "hex", "text": a.tobytes().hex()},
+                        "b": {"kind": "file", "data": __import__("base64").b64encode(b.tobytes()).decode()}}}
+    status, answer = request(server, "POST", "/api/run", body)
+    assert status == 200, answer
+    (out,) = answer["outputs"]
+    assert out["name"] == "c" and answer["dispatch_rule"] == "grid"
+    assert np.array_equal(np.frombuffer(bytes.fromhex(out["hex"]), np.float32), (a * 2 + b)[:1024])
+
+
+def test_refusals_are_json_with_a_reason(server):
+    cases = [
+        ({"code": XOR, "input": {"kind": "random", "size": -1}}, 400, "bad_args"),
+        ({"code": XOR, "input": {"kind": "random", "size": 1 << 40}}, 413, "too_large"),
+        ({"code": XOR, "input": {"kind": "file", "data": "@@"}}, 400, "bad_args"),
+        ({"code": XOR.replace("key.x", "nope"), "input": {"kind": "hex", "text": "00"}, "params": "1,0,0,0"}, 422, "shader_error"),
+        ({"code": ADD, "mode": "named", "outputs": {"c": 4}}, 400, "bad_args"),  # no grid
+    ]
+    for body, status, reason in cases:
+        got, answer = request(server, "POST", "/api/run", body)
+        assert (got, answer["error"]["reason"]) == (status, reason), answer
+        assert "/" not in answer["error"]["detail"].replace("G/B", "")  # no server paths
+    assert request(server, "GET", "/nope")[0] == 404
+    assert request(server, "POST", "/api/run", {"code": XOR}, {"Content-Type": "text/plain"})[0] == 415
+    assert request(server, "GET", "/", headers={"Host": "rebound.example:80"}) == (
+        421, {"ok": False, "error": {"reason": "bad_host", "detail": "the playground answers only to its own address"}, "diagnostics": []})
+
+
+def test_a_body_over_the_cap_is_refused_from_its_length_before_it_is_read(server):
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        host, port = server.server_address[:2]
+        sock.sendall(f"POST /api/run HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {MAX_BODY + 1}\r\n\r\n{{".encode())
+        reply = sock.recv(65536).decode()  # answered although 24 MiB never come
+    assert reply.startswith("HTTP/1.0 413") and '"too_large"' in reply
+
+
+def test_the_playground_binds_loopback_only():
+    with pytest.raises(KemError, match="loopback"):
+        PlaygroundServer("0.0.0.0", 0, None)  # type: ignore[arg-type]
+    done = subprocess.run([sys.executable, "-m", "kem_port.cli", "playground", "--host", "0.0.0.0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1 and "loopback" in done.stderr and done.stdout == ""
