@@ -263,8 +263,9 @@ class PortSession:
         self.client.call("buffer_free", self.ref, name)
 
     def call(self, kernel_id: str, input: bytes = b"", **opts: Any) -> bytes:
-        """One kernel in the session: input and output as a plain call, named buffers bound."""
-        return self.client.call("session_call", self.ref, kernel_id, input, _step_term(opts))
+        """One kernel in the session: input and output as a plain call, named buffers bound;
+        {name: bytes} for a kernel that binds every buffer by name (docs/sessions.md)."""
+        return _named(self.client.call("session_call", self.ref, kernel_id, input, _step_term(opts)))
 
     def chain(self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None) -> Any:
         return self.client.chain(steps, input, returns, self)
