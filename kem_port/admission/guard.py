@@ -46,10 +46,12 @@ from kem_port.gpu.constants import pipeline_constants, set_key
 from kem_port.gpu.contract import check_layout
 from kem_port.gpu.calls import KernelCall
 from kem_port.kernel_store import PACKAGED_KERNELS, KernelSource
+from kem_port.admission.admitted import Admitted
 from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_gas import gas_form
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import zero_workgroup_memory
 
@@ -75,7 +77,8 @@ class CompileGuard:
         self.settings = settings
         self.rejects = rejects
         self.stats = stats
-        self._admitted: dict[tuple[str, str, bool], KernelSource] = {}
+        self._admissions = Admitted()  # keys with a constants set in an LRU (admission/admitted.py)
+        self._admitted = self._admissions.plain
         self.admitted = self._admitted  # read by the reader's lone road (port/lone_call.py): one lookup, no call
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
         # One admitted text per kernel (sha256, cleared or not), shared by its
@@ -91,7 +94,7 @@ class CompileGuard:
 
     def is_admitted(self, source: KernelSource, call: KernelCall) -> KernelSource | None:
         """The admitted (possibly rewritten) source, or None: one dict lookup."""
-        return self._admitted.get(_key(source, call))
+        return self._admissions.get(_key(source, call))
 
     # -- admission --------------------------------------------------------
 
@@ -103,14 +106,14 @@ class CompileGuard:
 
     def is_admitted_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource | None:
         """Like is_admitted, for a kernel run in a session or chain, or by named buffers."""
-        return self._admitted.get(_admission_key(source, entry, SESSION, constants))
+        return self._admissions.get(_admission_key(source, entry, SESSION, constants))
 
     def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource:
         """admit() for a session, chain or named-buffer kernel (its own layout), per constants set."""
         return self._admit(_admission_key(source, entry, SESSION, constants), source, lambda: None)
 
     def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
-        found = self._admitted.get(key)
+        found = self._admissions.get(key)
         if found is not None:
             return found
         refused = self.rejects.lookup(source.sha256)
@@ -125,12 +128,13 @@ class CompileGuard:
         # loop: the inline road and batching (gpu/blame.py, under the queue's
         # lock) then find it with one dict lookup, the same answer for every
         # text of this kernel (they all share its sha256).
-        may_loop(source.text, source.sha256, key[1])
+        if may_loop(source.text, source.sha256, key[1]) and key[2] == SESSION:
+            raise KemError("bad_kernel", f"kernel {source.kernel_id} has a loop: sessions, chains and named buffers carry no gas meter yet (docs/metering.md); call it with execute")
         if _packaged(source):
-            self._admitted[key] = source
+            self._admissions.put(key, source)
             return source
         with self._lock:
-            found = self._admitted.get(key) or self._failed.get(key)
+            found = self._admissions.get(key) or self._failed.get(key)
             if isinstance(found, KemError):
                 raise found
             if found is not None:
@@ -146,15 +150,16 @@ class CompileGuard:
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
+        gas = gas_form(source.text)  # every loop counted (gpu/wgsl/wgsl_gas.py); kem's clearing loop after, uncounted
         text = self._texts.get((source.sha256, clear))
         if text is None:
-            text = zero_workgroup_memory(source.text) if clear else source.text
+            text = zero_workgroup_memory(gas.text) if clear else gas.text
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
             if len(key) > 3:
                 request["constants"] = pipeline_constants(reflect(source.text), key[3])
         else:
-            request = {"code": text, "entry": entry, "has_params": shape}
+            request = {"code": text, "entry": entry, "has_params": shape, "metered": gas.metered}
             if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
                 request["constants"] = pipeline_constants(reflect(source.text), key[3])
         if self._fault is not None:
@@ -171,8 +176,8 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text))
-        self._admitted[key] = admitted
+        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text), metered=gas.metered)
+        self._admissions.put(key, admitted)
         self._count("kernels_admitted")
         return admitted
 
@@ -255,7 +260,7 @@ class CompileGuard:
 
     def describe(self) -> dict:
         worker = self._worker
-        return {"kernels_admitted": len(self._admitted),
+        return {"kernels_admitted": len(self._admitted), "admitted_constants_sets": len(self._admissions.sets),
                 "workgroup_zeroing": self.settings.zero_workgroup if worker is None
                 else ("on" if self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup) else "off"),
                 "adapter_leaks_workgroup_memory": None if worker is None else worker.leaks_workgroup}

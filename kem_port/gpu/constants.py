@@ -19,7 +19,9 @@ N's digits, any other by its name.
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from dataclasses import replace
 
 from kem_port.errors import bad_args
@@ -27,6 +29,16 @@ from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, Override, pa
 
 INTEGER_RANGES = {"u32": (0, 2**32 - 1), "i32": (-(2**31), 2**31 - 1)}
 FLOAT_MAX = {"f32": 3.4028234663852886e38, "f16": 65504.0}
+# admission/limits.py's MAX_WORKGROUP_ELEMENTS, the bound on a var<workgroup>
+# array sized by literals (admission sits above gpu/, so it is restated
+# here; tests/test_constants_bounds.py holds them equal). An array sized by
+# an override is held to it per constants set: N = 2^28 - 1 asked the
+# compiler for 1 GiB of workgroup memory and killed the admission worker.
+MAX_WORKGROUP_ELEMENTS = 65_536
+_ARRAY = re.compile(r"array\s*<(.*)>", re.S)
+_COUNT_TOKENS = re.compile(r"\s*(?:([0-9]+)[ui]?|([A-Za-z_][A-Za-z0-9_]*)|([-+*/%()]))")
+_COUNT_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.FloorDiv: lambda a, b: int(a / b), ast.Mod: lambda a, b: int(math.fmod(a, b))}  # WGSL truncates
 
 
 def pipeline_constants(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | None) -> dict[str, float]:
@@ -74,6 +86,75 @@ def _check_value(override: Override, value: int | float) -> None:
             raise bad_args(f"constants: {name} is a bool: 0 or 1, not {value!r}")
 
 
+def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -> None:
+    """bad_args naming a var<workgroup> array whose size, with this
+    constants set, is over MAX_WORKGROUP_ELEMENTS: checked before any
+    compile, for this set only (another set of the same kernel runs). A
+    size kem cannot read (a const's name, a function call) is left to the
+    compile worker's resource limits, as before."""
+    for name, type_text in shape.workgroup_vars:
+        total, named = 1, False
+        for count in _array_counts(type_text):
+            number = _count(count, values)
+            if number is None:
+                break
+            named = named or not count.strip().rstrip("ui").isdigit()
+            total *= max(number, 1)
+        else:
+            if named and total > MAX_WORKGROUP_ELEMENTS:
+                given = ", ".join(f"{k} = {v}" for k, v in values.items() if re.search(rf"\b{k}\b", type_text))
+                raise bad_args(f"constants: var<workgroup> {name}: {type_text} is {total} elements with {given}, "
+                               f"over kem's limit of {MAX_WORKGROUP_ELEMENTS} elements a workgroup array")
+
+
+def _array_counts(type_text: str) -> list[str]:
+    """The element count of each array level of a type, outermost first."""
+    counts: list[str] = []
+    text = type_text.strip()
+    while (array := _ARRAY.fullmatch(text)) is not None:
+        depth, args = 0, array.group(1)
+        for i in range(len(args) - 1, -1, -1):  # the count is the last top-level argument
+            depth += (args[i] in ">)") - (args[i] in "<(")
+            if args[i] == "," and depth == 0:
+                text, count = args[:i].strip(), args[i + 1 :].strip()
+                break
+        else:
+            return counts  # runtime-sized: no count
+        counts.append(count)
+    return counts
+
+
+def _count(text: str, values: dict[str, int | float]) -> int | None:
+    """An array count of integer literals, overrides' names and + - * / %
+    (WGSL's integer division truncates) as a number; None when it holds
+    anything else. At most 200 characters: a count is a few tokens."""
+    parts, at = [], 0
+    while at < len(text.rstrip()) and len(text) <= 200:
+        token = _COUNT_TOKENS.match(text, at)
+        if token is None:
+            return None
+        literal, ident, op = token.groups()
+        if ident is not None and type(values.get(ident)) is not int:
+            return None
+        parts.append(literal or (str(values[ident]) if ident else ("//" if op == "/" else op)))
+        at = token.end()
+    try:
+        return _evaluate(ast.parse(" ".join(parts), mode="eval").body) if parts else None
+    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError):
+        return None
+
+
+def _evaluate(node: ast.AST) -> int:
+    """An integer expression's value: literals, + - * / % and unary minus only."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _COUNT_OPS:
+        return _COUNT_OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    raise ValueError("not an integer count")
+
+
 def workgroup_size(entry: EntryPoint, shape: KernelShape, values: dict[str, int | float]) -> EntryPoint:
     """The entry point with an override-sized ``@workgroup_size`` read as
     numbers (each argument an integer literal or an override's name); as
@@ -118,6 +199,7 @@ def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tup
             raise bad_args(f"constants: the kernel declares no override {given[0][0]!r} (its overrides: none)")
         return entry
     values = resolved(shape, given)
+    check_workgroup_arrays(shape, values)
     return workgroup_size(entry, shape, values) if entry is not None else None
 
 
