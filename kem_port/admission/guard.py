@@ -51,7 +51,6 @@ from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
-from kem_port.gpu.wgsl.wgsl_gas import gas_form
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import zero_workgroup_memory
 
@@ -128,8 +127,7 @@ class CompileGuard:
         # loop: the inline road and batching (gpu/blame.py, under the queue's
         # lock) then find it with one dict lookup, the same answer for every
         # text of this kernel (they all share its sha256).
-        if may_loop(source.text, source.sha256, key[1]) and key[2] == SESSION:
-            raise KemError("bad_kernel", f"kernel {source.kernel_id} has a loop: sessions, chains and named buffers carry no gas meter yet (docs/metering.md); call it with execute")
+        may_loop(source.text, source.sha256, key[1])
         if _packaged(source):
             self._admissions.put(key, source)
             return source
@@ -150,16 +148,15 @@ class CompileGuard:
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
-        gas = gas_form(source.text)  # every loop counted (gpu/wgsl/wgsl_gas.py); kem's clearing loop after, uncounted
         text = self._texts.get((source.sha256, clear))
         if text is None:
-            text = zero_workgroup_memory(gas.text) if clear else gas.text
+            text = zero_workgroup_memory(source.text) if clear else source.text
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
             if len(key) > 3:
                 request["constants"] = pipeline_constants(reflect(source.text), key[3])
         else:
-            request = {"code": text, "entry": entry, "has_params": shape, "metered": gas.metered}
+            request = {"code": text, "entry": entry, "has_params": shape}
             if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
                 request["constants"] = pipeline_constants(reflect(source.text), key[3])
         if self._fault is not None:
@@ -176,7 +173,7 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text), metered=gas.metered)
+        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text))
         self._admissions.put(key, admitted)
         self._count("kernels_admitted")
         return admitted
