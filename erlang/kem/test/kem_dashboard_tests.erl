@@ -87,7 +87,11 @@ data_counts_known_calls_and_errors() ->
     %% An open session with a buffer shows in the figures.
     {ok, S} = kem:session_open(#{}),
     ok = kem:buffer_create(S, <<"b">>, 4096),
+    %% A session call is counted where it ends too (kem:counted).
+    Input = crypto:strong_rand_bytes(256),
+    ?assertEqual({ok, kem_ref:double_ref(Input, 256)}, kem:session_call(S, ?DOUBLE, Input, #{})),
     {ok, Open} = kem:dashboard_data(),
+    ?assertEqual(N + 1, maps:get(<<"calls">>, kernel(Open, ?DOUBLE))),
     ?assertMatch(#{<<"open">> := 1}, maps:get(<<"sessions">>, Open)),
     ?assert(maps:get(<<"bytes">>, maps:get(<<"sessions">>, Open)) >= 4096),
     ok = kem:session_close(S),

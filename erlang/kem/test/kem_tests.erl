@@ -131,7 +131,7 @@ dev_kem_bad_requests() ->
 
 dev_kem_info() ->
     ?assertEqual(#{exports => [info, execute_kernel, execute_kernel_with_params, get_adapter_info,
-                               execute_chain, run]},
+                               execute_chain, run, dashboard, dashboard_data]},
                  dev_kem:info(#{})),
     {ok, #{<<"status">> := 200, <<"body">> := InfoJson}} = dev_kem:info(#{}, #{}, #{}),
     ?assertMatch({ok, #{<<"version">> := <<"1.0">>}}, kem_json:decode(InfoJson)),
