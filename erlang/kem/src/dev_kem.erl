@@ -6,6 +6,8 @@
 %%%   (default 1);
 %%% - `execute_kernel_with_params': the same plus `params' (u32 values,
 %%%   packed as 32-bit little-endian words);
+%%% - both take `grid', `workgroups' and `constants' too (dev_kem_opts):
+%%%   a call with any of them is kem:execute/3's with those options;
 %%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON);
 %%% - `run': a kernel by named buffers (dev_kem_run);
 %%% - `dashboard', `dashboard_data': the operators' page and its JSON (kem_dashboard);
@@ -31,7 +33,8 @@
          get_adapter_info/3, execute_chain/3, run/3, dashboard/3, dashboard_data/3]).
 -export([duplicate_key/1, string_input/0, field/3]).  % for dev_kem_chain and dev_kem_run
 
--define(FIELDS, [kernel_id, input_data, output_size_hint, params]).
+-define(FIELDS, [kernel_id, input_data, output_size_hint, params, grid, workgroups, constants]).
+-define(DISPATCH_FIELDS, [grid, workgroups, constants]).
 
 %% @doc Only these keys are reachable through the device.
 -spec info(term()) -> map().
@@ -51,7 +54,8 @@ info(_Msg1, _Msg2, _Opts) ->
             <<"execute_kernel">> =>
                 <<"POST JSON {kernel-id, input-data, output-size-hint}, or the input bytes "
                   "(content-type: application/octet-stream) with the other fields as keys">>,
-            <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]">>,
+            <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]; both take grid or "
+                                                   "workgroups X,Y,Z and constants NAME=Number, ...">>,
             <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>,
             <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>,
             <<"run">> => <<"POST kernel-id, buffers/NAME parts (bytes), outputs/NAME (sizes), workgroups X,Y,Z: "
@@ -146,7 +150,7 @@ handle(Key, Msg1, Msg2, Opts) ->
 request(Key, Msg1, Msg2, Opts) ->
     try
         Fields = fields(Msg1, Msg2, Opts),
-        args(Key, Fields)
+        args(Key, Fields, Opts)
     catch
         throw:{bad_request, Status, Reason, Detail} -> {bad_request, Status, Reason, Detail}
     end.
@@ -247,17 +251,39 @@ trim_blanks(Bin) ->
         _ -> Bin
     end.
 
-args(Key, Fields) ->
+args(Key, Fields, Opts) ->
     KernelId = kernel_id(maps:get(kernel_id, Fields, missing)),
     Input = input_data(maps:get(input_data, Fields, missing)),
-    case Key of
+    {Method, Third, OutBytes} = case Key of
         execute_kernel ->
             Hint = hint(maps:get(output_size_hint, Fields, 1)),
-            {ok, execute_kernel, {KernelId, Input, Hint}};
+            {Key, Hint, byte_size(Input) * Hint};
         execute_kernel_with_params ->
             Params = params(maps:get(params, Fields, missing)),
             ok = not_an_image_file(Input),
-            {ok, execute_kernel_with_params, {KernelId, Input, Params}}
+            {Key, Params, byte_size(Input)}
+    end,
+    case dispatch_opts(Fields, Opts, byte_size(Input), OutBytes) of
+        none -> {ok, Method, {KernelId, Input, Third}};
+        Extra when Method =:= execute_kernel -> {ok, execute, {KernelId, Input, Extra#{output_size_hint => Third}}};
+        Extra -> {ok, execute, {KernelId, Input, Extra#{params => Third}}}
+    end.
+
+%% grid, workgroups and constants (dev_kem_opts; docs/hyperbeam.md): a
+%% call that gives any of them is kem:execute/3's, with those options;
+%% one that gives none stays the kem@1.0 call it always was.
+dispatch_opts(Fields, Opts, InBytes, OutBytes) ->
+    case maps:with(?DISPATCH_FIELDS, Fields) of
+        Given when map_size(Given) =:= 0 -> none;
+        Given ->
+            Checked = case dev_kem_opts:dispatch(Given, Opts, #{}) of
+                          {ok, Map} -> Map;
+                          {error, Detail} -> bad(400, bad_args, Detail)
+                      end,
+            case dev_kem_opts:bound(Checked, InBytes, OutBytes) of
+                ok -> Checked;
+                {error, Why} -> bad(400, bad_args, Why)
+            end
     end.
 
 kernel_id(Id) when is_binary(Id), Id =/= <<>> -> Id;

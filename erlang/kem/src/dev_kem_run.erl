@@ -11,8 +11,10 @@
 %%%   headers arrives so); never an array of numbers;
 %%% - `outputs': a nested message, name to size in bytes, as an integer or
 %%%   decimal digits (HyperBEAM delivers both);
-%%% - `workgroups': `[X, Y, Z]', `"X,Y,Z"' or a message `{1: X, 2: Y, 3: Z}'
-%%%   (a list after HyperBEAM's normalisation); required;
+%%% - `workgroups' or `grid' (invocations): `[X, Y, Z]', `"X,Y,Z"' or a
+%%%   message `{1: X, 2: Y, 3: Z}' (a list after HyperBEAM's
+%%%   normalisation); one of them is required;
+%%% - `constants': the kernel's overrides, name => number (dev_kem_opts);
 %%% - `entry-point' (default `main').
 %%%
 %%% Reply: 200 with the `kem-usage-*' keys and `buffers', a nested message
@@ -33,7 +35,7 @@
 %% seconds of the node's CPU).
 -define(MAX_DIGITS, 20).
 -define(MAX_NAME_SHOWN, 64).
--define(FIELDS, [kernel_id, buffers, outputs, workgroups, entry_point]).
+-define(FIELDS, [kernel_id, buffers, outputs, workgroups, grid, constants, entry_point]).
 
 %% @doc `dev_kem:run/3'.
 -spec run(map(), map(), map()) -> {ok, map()} | {error, map()}.
@@ -88,14 +90,14 @@ request(Msgs, Opts) ->
     KernelId = kernel_id(maps:get(kernel_id, Fields, missing)),
     Buffers = buffers(maps:get(buffers, Fields, #{}), Opts),
     Outputs = outputs(maps:get(outputs, Fields, #{}), Opts),
-    Groups = workgroups(maps:get(workgroups, Fields, missing), Opts),
-    budget(Buffers, Outputs, Groups),
+    Dispatch = dispatch(maps:with([grid, workgroups, constants], Fields), Opts),
+    budget(Buffers, Outputs, Dispatch),
     Entry = case maps:get(entry_point, Fields, missing) of
                 missing -> #{};
                 E when is_binary(E), E =/= <<>> -> #{entry_point => E};
                 _ -> refuse(<<"entry-point must be a non-empty string">>)
             end,
-    {KernelId, Buffers, Entry#{outputs => Outputs, workgroups => Groups}}.
+    {KernelId, Buffers, maps:merge(Entry, Dispatch#{outputs => Outputs})}.
 
 %% Each field from the first message that has it (Msg2, then Msg1, as
 %% dev_kem reads); one message giving both names of a field is refused.
@@ -187,34 +189,16 @@ count(Map, What) when map_size(Map) > ?MAX_BUFFERS ->
     refuse(413, too_large, iolist_to_binary(io_lib:format("~b ~s: at most ~b", [map_size(Map), What, ?MAX_BUFFERS])));
 count(Map, _What) -> Map.
 
-%% [X, Y, Z]; "X,Y,Z" (a header); #{1 => X, ...} (a list as HyperBEAM
-%% normalises it, keys 1..3 as integers or binaries).
-workgroups([X, Y, Z], _Opts) -> {dim(X), dim(Y), dim(Z)};
-workgroups(Bin, Opts) when is_binary(Bin) -> workgroups(binary:split(Bin, <<",">>, [global]), Opts);
-workgroups(Map, Opts) when is_map(Map), map_size(Map) =:= 3 ->
-    Found = [V || I <- [1, 2, 3], V <- [either(I, Map, Opts)], V =/= not_found],
-    workgroups(Found, Opts);
-workgroups(missing, _Opts) ->
-    refuse(400, bad_args, <<"workgroups [X, Y, Z] is required: kem's default dispatch rules are for "
-                             "kem@1.0-shaped kernels">>);
-workgroups(_, _Opts) -> bad_workgroups().
-
-either(I, Map, Opts) ->
-    case dev_kem:field(I, Map, Opts) of
-        not_found -> dev_kem:field(integer_to_binary(I), Map, Opts);
-        V -> V
+%% grid or workgroups (one is required), constants (dev_kem_opts reads
+%% each in every form HyperBEAM delivers it).
+dispatch(Given, _Opts) when not is_map_key(grid, Given), not is_map_key(workgroups, Given) ->
+    refuse(400, bad_args, <<"workgroups [X, Y, Z] or grid [X, Y, Z] (invocations) is required: kem's default "
+                             "dispatch rules are for kem@1.0-shaped kernels">>);
+dispatch(Given, Opts) ->
+    case dev_kem_opts:dispatch(Given, Opts, #{}) of
+        {ok, Checked} -> Checked;
+        {error, Detail} -> refuse(Detail)
     end.
-
-dim(N) when is_integer(N), N >= 1, N =< 16#FFFFFFFF -> N;
-dim(Bin) when is_binary(Bin) ->
-    case decimal(Bin) of
-        {ok, N} -> dim(N);
-        error -> bad_workgroups()
-    end;
-dim(_) -> bad_workgroups().
-
-bad_workgroups() ->
-    refuse(<<"workgroups must be three integers >= 1: [X, Y, Z] or \"X,Y,Z\"">>).
 
 decimal(Bin) ->
     Digits = trim(Bin),
@@ -239,7 +223,7 @@ trim(Bin) ->
 %% element of all the buffers together, what execute_kernel would
 %% dispatch at @workgroup_size(1) (a stranger's [65535, 65535, 64] on 4
 %% bytes held a port for a whole timeout, kem_isolation_tests).
-budget(Buffers, Outputs, {X, Y, Z}) ->
+budget(Buffers, Outputs, Dispatch) ->
     Budget = case application:get_env(kem, request_max_output_bytes, 16 bsl 20) of
                  N when is_integer(N), N >= 0 -> N;
                  _ -> 16 bsl 20
@@ -248,12 +232,10 @@ budget(Buffers, Outputs, {X, Y, Z}) ->
     Out = lists:sum(maps:values(Outputs)),
     In =< Budget orelse refuse(413, too_large, over(<<"buffers">>, In, Budget)),
     Out =< Budget orelse refuse(413, too_large, over(<<"outputs">>, Out, Budget)),
-    Elements = max(1, (In + Out) div 4),
-    X * Y * Z =< Elements orelse
-        refuse(400, bad_args, iolist_to_binary(io_lib:format(
-            "workgroups ~bx~bx~b: at most ~b workgroups, one per 4-byte element of the buffers and outputs",
-            [X, Y, Z, Elements]))),
-    ok.
+    case dev_kem_opts:bound(Dispatch, In, Out) of
+        ok -> ok;
+        {error, Detail} -> refuse(400, bad_args, Detail)
+    end.
 
 over(What, Size, Budget) ->
     iolist_to_binary(io_lib:format("~s of ~b bytes are over this request's limit of ~b", [What, Size, Budget])).

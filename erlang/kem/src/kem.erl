@@ -75,7 +75,9 @@ execute(_KernelId, _Input, _Opts) ->
 run(KernelId, Buffers, Opts) -> kem_run:run(KernelId, Buffers, Opts).
 
 %% @doc A request from outside the node (dev_kem): Method is
-%% `execute_kernel' or `execute_kernel_with_params' with their Args; the
+%% `execute_kernel' or `execute_kernel_with_params' with their Args, or
+%% `execute' with `{KernelId, Input, Opts}' (dev_kem's grid, workgroups
+%% and constants: kem:execute/3's port options, checked as its are); the
 %% output may be at most `request_max_output_bytes' (app env, default
 %% 16 MiB, below the port's own cap), the timeout is the default.
 -spec request(term(), term()) -> {ok, binary()} | {error, kem_port:reason()}.
@@ -84,10 +86,11 @@ request(Method, Args) ->
 
 %% @doc `request/2', also returning what the call cost (for metering).
 -spec request_usage(term(), term()) -> {{ok, binary()} | {error, kem_port:reason()}, usage()}.
-request_usage(Method, Args) when Method =:= execute_kernel; Method =:= execute_kernel_with_params ->
+request_usage(Method, Args) when Method =:= execute_kernel; Method =:= execute_kernel_with_params;
+                                 Method =:= execute ->
     budgeted(Method, Args, request_budget(), default_timeout());
 request_usage(_Method, _Args) ->
-    {{error, {bad_args, <<"request(execute_kernel | execute_kernel_with_params, Args)">>}}, no_usage()}.
+    {{error, {bad_args, <<"request(execute_kernel | execute_kernel_with_params | execute, Args)">>}}, no_usage()}.
 
 %% @doc The adapter in use and the limits kem enforces, as a JSON binary.
 -spec adapter_info() -> {ok, binary()} | {error, kem_port:reason()}.
