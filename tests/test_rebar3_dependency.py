@@ -87,6 +87,9 @@ def test_git_subdir_dependency_builds_finds_its_python_half_and_runs(tmp_path: P
         Out(<<"python">>, list_to_binary(kem_port:python_executable())),
         {{ok, Bin}} = kem:execute(<<"double">>, binary:decode_hex(<<"{data.tobytes().hex()}">>), #{{}}),
         Out(<<"result">>, binary:encode_hex(Bin)),
+        %% The dashboard's page is in priv: shipped with the dependency.
+        {{ok, <<"<!DOCTYPE html>", _/binary>>}} = kem:dashboard(),
+        Out(<<"dashboard">>, <<"ok">>),
         halt().
     """
     run = subprocess.run(
@@ -106,3 +109,4 @@ def test_git_subdir_dependency_builds_finds_its_python_half_and_runs(tmp_path: P
     assert lines["python"] == str(venv / "bin" / "python")
     out = np.frombuffer(bytes.fromhex(lines["result"]), dtype="<u4")
     np.testing.assert_array_equal(out, data * np.uint32(2))
+    assert lines.get("dashboard") == "ok", run.stdout + run.stderr
