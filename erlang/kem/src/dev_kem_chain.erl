@@ -4,7 +4,9 @@
 %%% JSON body: `{"input-data": [bytes], "steps": [Step, ...]}', each Step
 %%% `{"kernel-id", "params": [u32], "output-size": N, "workgroups": [X,Y,Z],
 %%% "entry-point", "input": Name, "output": Name, "bind": {WgslName: Name}}'
-%%% (only `kernel-id' required; snake_case names work too). The reply is
+%%% (only `kernel-id' required; snake_case names work too), or a copy or
+%%% clear of buffers earlier steps made, `{"copy": [Src, SrcOffset, Dst,
+%%% DstOffset, Size]}' or `{"clear": [Buffer, Offset, Size]}'. The reply is
 %%% the last step's output.
 %%% Sessions are not offered here: an ao process is deterministic and
 %%% replayable on any node, a session lives on one node's GPU.
@@ -71,7 +73,11 @@ steps(_) -> bad(<<"steps must be a non-empty array of at most 256 objects">>).
 
 step(N, Map) when is_map(Map) ->
     Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, #{}, snake(N, Map)),
-    maps:is_key(kernel, Step) orelse bad(N, <<"a step needs kernel_id">>),
+    Moves = maps:with([copy, clear], Step),
+    case map_size(Moves) of
+        0 -> maps:is_key(kernel, Step) orelse bad(N, <<"a step needs kernel_id (or is a copy or a clear)">>);
+        _ -> map_size(Step) =:= 1 orelse bad(N, <<"a copy or clear step has that one field alone">>)
+    end,
     Step;
 step(N, _) -> bad(N, <<"a step must be an object">>).
 
@@ -94,6 +100,13 @@ field(_, <<"entry_point">>, E, Acc) when is_binary(E) -> Acc#{entry_point => E};
 field(_, <<"input">>, Name, Acc) when is_binary(Name) -> Acc#{input => Name};
 field(_, <<"output">>, Name, Acc) when is_binary(Name) -> Acc#{output => Name};
 field(_, <<"bind">>, Bind, Acc) when is_map(Bind) -> Acc#{bind => Bind};
+%% A copy or clear step (docs/sessions.md), its tuple as a JSON array:
+%% "copy": [Src, SrcOffset, Dst, DstOffset, Size], "clear": [Buffer, Offset, Size].
+field(_, <<"copy">>, [Src, SrcOffset, Dst, DstOffset, Size], Acc)
+  when is_binary(Src), is_binary(Dst), is_integer(SrcOffset), is_integer(DstOffset), is_integer(Size) ->
+    Acc#{copy => {Src, SrcOffset, Dst, DstOffset, Size}};
+field(_, <<"clear">>, [Buffer, Offset, Size], Acc) when is_binary(Buffer), is_integer(Offset), is_integer(Size) ->
+    Acc#{clear => {Buffer, Offset, Size}};
 field(N, Key, _, _) when is_binary(Key) ->
     bad(N, <<"bad or unknown field ", Key/binary>>).
 

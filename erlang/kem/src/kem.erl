@@ -167,7 +167,7 @@ default_timeout() ->
 session_open(Opts) -> guarded([fun() -> opt_timeout(Opts) end], fun() -> kem_session:open(Opts) end).
 -spec session_close(kem_session:session()) -> ok | {error, kem_port:reason()}.
 session_close(Session) -> kem_session:close(Session).
--spec session_call(kem_session:session(), kernel_id(), binary(), map()) -> {ok, binary()} | {error, kem_port:reason()}.
+-spec session_call(kem_session:session(), kernel_id(), binary(), map()) -> {ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}.
 session_call(Session, KernelId, Input, Opts) ->
     guarded([fun() -> opt_timeout(Opts) end, fun() -> kem_args:payload(Input) end,
              fun() -> quarantine_check(kernel_id(KernelId)) end],

@@ -46,9 +46,17 @@ check(_Steps, _Input, _Budget) ->
 %% largest buffer (the input included).
 walk([], _N, _Previous, _Named, _Made, _Budget) ->
     ok;
+walk([#{copy := _} | Rest], N, Previous, Named, Made, Budget) ->
+    walk(Rest, N + 1, Previous, Named, Made, Budget);  % moves bytes between buffers; makes none
+walk([#{clear := _} | Rest], N, Previous, Named, Made, Budget) ->
+    walk(Rest, N + 1, Previous, Named, Made, Budget);
 walk([Step | Rest], N, Previous, Named, {Made, Largest}, Budget) when is_map(Step) ->
     Source = named_size(maps:get(input, Step, none), Named, Previous),
-    {Output, New} = output(Step, Source, Named),
+    {Output, New0} = output(Step, Source, Named),
+    %% A step's own bytes and the buffers its outputs make (by-name
+    %% bindings) count too; a by-name kernel makes no binding-1 output, which
+    %% kem cannot tell here, so the count errs large, never small.
+    New = New0 + sizes(maps:get(outputs, Step, #{})) + bytes(maps:get(buffers, Step, #{})),
     Total = Made + New,
     Budget =:= infinity orelse Total =< Budget orelse
         refuse(too_large, N, io_lib:format("the chain's buffers need ~b bytes by this step, over this request's "
@@ -75,6 +83,12 @@ output(Step, Source, Named) ->
                    end,
             {Size, Size}
     end.
+
+sizes(Map) when is_map(Map) -> lists:sum([S || S <- maps:values(Map), is_integer(S), S >= 0]);
+sizes(_) -> 0.
+
+bytes(Map) when is_map(Map) -> lists:sum([byte_size(B) || B <- maps:values(Map), is_binary(B)]);
+bytes(_) -> 0.
 
 bytes_if_none(0, Largest) -> Largest;
 bytes_if_none(_Output, _Largest) -> 0.
@@ -137,6 +151,16 @@ grid_is_bounded_by_invocations_test() ->
                  check([#{kernel => <<"k">>, output_size => 48 * 64 * 4, grid => {64, 49, 1}}], <<>>, 1 bsl 24)),
     ?assertMatch({error, {bad_args, <<"step 1: grid [65535, 65535, 64]", _/binary>>}},
                  check([#{kernel => <<"k">>, grid => {65535, 65535, 64}}], <<0:32>>, 1 bsl 24)).
+
+copy_and_clear_steps_make_no_bytes_test() ->
+    Make = #{kernel => <<"k">>, output => <<"t">>, output_size => 4096},
+    Moves = [#{copy => {<<"t">>, 0, <<"u">>, 0, 4096}}, #{clear => {<<"t">>, 0, 4096}}],
+    ?assertEqual(ok, check([Make | lists:duplicate(100, hd(Moves)) ++ tl(Moves)], <<>>, 4096)),
+    %% A by-name step's outputs and its own bytes count.
+    ?assertMatch({error, {too_large, <<"step 2: ", _/binary>>}},
+                 check([Make, #{kernel => <<"k">>, outputs => #{c => 4096}, output_size => 0}], <<>>, 6000)),
+    ?assertMatch({error, {too_large, <<"step 1: ", _/binary>>}},
+                 check([#{kernel => <<"k">>, buffers => #{b => <<0:65536>>}, output_size => 0}], <<>>, 4096)).
 
 dispatch_is_bounded_by_the_output_test() ->
     ?assertMatch({error, {bad_args, <<"step 1: workgroups [65535, 65535, 64]", _/binary>>}},

@@ -19,11 +19,23 @@
 
 -type session() :: {kem_session, atom(), integer(), pos_integer()}.
 -type name() :: binary() | atom().
--type step() :: #{kernel := kem:kernel_id(), params => binary(),
-                  workgroups => {pos_integer(), pos_integer(), pos_integer()},
-                  grid => {pos_integer(), pos_integer(), pos_integer()},
-                  entry_point => binary() | atom(), bind => #{name() => name()},
-                  input => name(), output => name(), output_size => non_neg_integer()}.
+-type step() :: kernel_step() | copy_step() | clear_step().
+%% A kernel: kem@1.0's bindings 0-2 (input, output, params) when it has
+%% them; every other binding by WGSL name (docs/sessions.md, "The binding
+%% rule"): a session or earlier step's buffer, renamed by `bind', a new
+%% one of `outputs' bytes, or the step's own `buffers' (uniforms too).
+-type kernel_step() :: #{kernel := kem:kernel_id(), params => binary(),
+                         workgroups => {pos_integer(), pos_integer(), pos_integer()},
+                         grid => {pos_integer(), pos_integer(), pos_integer()},
+                         entry_point => binary() | atom(), bind => #{name() => name()},
+                         input => name(), output => name(), output_size => non_neg_integer(),
+                         constants => #{name() => number()}, buffers => #{name() => binary()},
+                         outputs => #{name() => non_neg_integer()}}.
+%% The GPU's own copy and clear commands, in the chain's one submission:
+%% `{Src, SrcOffset, Dst, DstOffset, Size}' and `{Buffer, Offset, Size}',
+%% bytes in whole 4-byte words, two different buffers for a copy.
+-type copy_step() :: #{copy := {name(), non_neg_integer(), name(), non_neg_integer(), non_neg_integer()}}.
+-type clear_step() :: #{clear := {name(), non_neg_integer(), non_neg_integer()}}.
 -type reason() :: kem_port:reason().
 -export_type([session/0, step/0, name/0]).
 
@@ -86,11 +98,15 @@ buffer_list(Session) ->
 buffer_free(Session, Name) ->
     unit(on_port(Session, buffer_free, [Name])).
 
-%% @doc Run one kernel in the session: `Input' and `output_size' (default
-%% `byte_size(Input)'; 0 for a call that only changes state) as in
-%% `kem:execute/3'; bindings from 3 up bind the session's buffers by WGSL
-%% name, renamed by `bind => #{WgslName => BufferName}'.
--spec call(session(), kem:kernel_id(), binary(), map()) -> {ok, binary()} | {error, reason()}.
+%% @doc Run one kernel in the session. A kem@1.0-shaped kernel takes
+%% `Input' and `output_size' (default `byte_size(Input)'; 0 for a call that
+%% only changes state) as in `kem:execute/3' and returns its output; every
+%% other binding binds the session's buffers by WGSL name, renamed by
+%% `bind => #{WgslName => BufferName}', or the call's own `buffers'. A
+%% kernel of any other shape binds every buffer so, takes `<<>>' as Input
+%% and `grid' or `workgroups', and returns `#{Name => Bytes}' of what
+%% `outputs' made and its in/out `buffers'. Opts as a chain step's.
+-spec call(session(), kem:kernel_id(), binary(), map()) -> {ok, binary() | #{binary() => binary()}} | {error, reason()}.
 call(Session, KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
     {Timeout, PortOpts} = take_timeout(Opts),
     on_port(Session, session_call, [KernelId, Input, PortOpts], Timeout);
