@@ -57,6 +57,8 @@ def bind_named(step: Step, layout: SessionLayout, buffers: Buffers, limits: Limi
         data = next((step.buffers[k] for k in keys_of(n.declared) if k in step.buffers), None)
         if n.role == "uniform":
             named.uniforms.append((n.group, n.binding, _uniform(n, data, limits)))
+            # One request's bytes: 256 steps of 64 uniforms each would otherwise pack unbounded.
+            buffers.budget.add_bytes(len(data or b""), f"uniform {n.wgsl_name!r}")
             bound.append(Bound(n.declared, "uniform", data, 0, 0))
             continue
         if data is not None:
