@@ -7,7 +7,8 @@
 %%% metrics page does: a poll must not wait on a busy port), the spares,
 %%% calls, errors and latency per kernel over the last five minutes
 %%% (`kem_dashboard_stats'), totals since start (`kem_metrics'), quarantined
-%%% kernels, open sessions and pool bytes. Nothing in it names a process or
+%%% kernels, open sessions, pool bytes and the other kem nodes of the
+%%% cluster (`kem_cluster:stats/0'). Nothing in it names a process or
 %%% a node path: no pids or OS pids (issue 24: a pid that changes tells a
 %%% stranger when a port restarted), port health reasons through
 %%% `kem_redact'. Kernel ids are strangers' text; the page writes them with
@@ -97,7 +98,8 @@ data() ->
       <<"methods">> => by_name([{M, N} || {{calls, M}, N} <- Snap]),
       <<"quarantined">> => quarantined(),
       <<"sessions">> => #{<<"open">> => sum(<<"sessions">>, Ports), <<"bytes">> => sum(<<"session_bytes">>, Ports)},
-      <<"memory">> => maps:from_list([{K, sum(K, Ports)} || K <- memory_keys()])}.
+      <<"memory">> => maps:from_list([{K, sum(K, Ports)} || K <- memory_keys()]),
+      <<"cluster">> => cluster()}.
 
 adapter(Group) ->
     #{<<"group">> => maps:get(group, Group),
@@ -134,6 +136,18 @@ port(Name) ->
              <<"adapter">> => text(maps:get(adapter, Health, undefined)),
              <<"backend">> => text(maps:get(backend, Health, undefined)),
              <<"reason">> => text(maps:get(reason, Health, undefined))}.
+
+%% Other kem nodes this one forwarded to or heard from (kem_cluster,
+%% docs/cluster.md): what a front node without GPUs has to show. Node
+%% names are on the metrics page already (`kem_remote_calls_total{node}').
+cluster() ->
+    Serving = kem_cluster:serving_nodes(),
+    [#{<<"node">> => atom_to_binary(Node), <<"serving">> => lists:member(Node, Serving),
+       <<"calls">> => Calls, <<"errors">> => maps:get(errors, S), <<"gone">> => maps:get(gone, S),
+       <<"retries">> => maps:get(retries, S), <<"pending">> => maps:get(pending, S),
+       <<"mean_ms">> => maps:get(latency_us, S) / max(1, Calls) / 1000,
+       <<"ports">> => null_for_undefined(maps:get(ports, maps:get(reported, S, #{}), undefined))}
+     || {Node, #{calls := Calls} = S} <- lists:sort(maps:to_list(kem_cluster:stats()))].
 
 memory_keys() ->
     [<<"pool_live_bytes">>, <<"pool_idle_bytes">>, <<"session_bytes">>, <<"held_bytes">>].

@@ -84,6 +84,8 @@ data_counts_known_calls_and_errors() ->
     ?assertEqual(length(kem:adapters()), length(maps:get(<<"adapters">>, Data))),
     ?assert(maps:get(<<"pool_live_bytes">>, maps:get(<<"memory">>, Data)) > 0),
     ?assertEqual(#{<<"open">> => 0, <<"bytes">> => 0}, maps:get(<<"sessions">>, Data)),
+    %% One node alone: no other kem node forwarded to or heard from.
+    ?assertEqual([], maps:get(<<"cluster">>, Data)),
     %% An open session with a buffer shows in the figures.
     {ok, S} = kem:session_open(#{}),
     ok = kem:buffer_create(S, <<"b">>, 4096),
