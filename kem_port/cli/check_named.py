@@ -41,7 +41,9 @@ def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constan
             outputs[b.name] = 4
     if not shape.bindings:
         problems.append("the kernel declares no buffers")
-    overrides = tuple(sorted((constants or {}).items())) or None
+    declared, placeholders = describe_overrides(shape, constants)
+    supply["constants"] = [f"{o['name']}: {o['type'] or '?'} (no default)" for o in declared if o["required"] and o["given"] is None]
+    overrides = tuple(sorted(((constants or {}) | placeholders).items())) or None
     if not problems:
         try:
             runner.executor.named.check_constants(source, overrides)
@@ -50,8 +52,34 @@ def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constan
             runner.executor.named.compile(admitted, probe)
         except KemError as exc:
             problems.append(f"{exc.reason}: {exc.detail}")
-    return {"ok": not problems, "supply": supply, "problems": problems,
+    return {"ok": not problems, "supply": supply, "problems": problems, "overrides": declared,
+            "compiled_with": placeholders,
             "dispatch_rule": "none: grid or workgroups required (kem's default rules are for kem@1.0-shaped kernels)"}
+
+
+# What stands in for an override without a default that the check was not
+# given: 1 is a valid value of every override type (a u32 workgroup size, an
+# f32 scale, a bool) and divides nothing by zero. The report says so.
+PLACEHOLDER = 1
+
+
+def describe_overrides(shape: Any, constants: dict | None) -> tuple[list[dict], dict]:
+    """Each override the kernel declares: its type, @id, default (a number,
+    "an expression", or None), whether a call must give it, and the value
+    given to this check; and the placeholders the probe compile uses for
+    required overrides not given (a missing one is no problem of the
+    kernel's: every call must give it, and a call without it is refused
+    bad_args naming it)."""
+    given = constants or {}
+    declared, placeholders = [], {}
+    for o in shape.overrides:
+        value = given.get(o.name, given.get(str(o.id)) if o.id is not None else None)
+        default = o.default if o.default is not None else ("an expression" if o.has_default else None)
+        declared.append({"name": o.name, "type": o.type, "id": o.id, "default": default,
+                         "required": not o.has_default, "given": value})
+        if not o.has_default and value is None:
+            placeholders[o.name] = PLACEHOLDER
+    return declared, placeholders
 
 
 def declared_role(b: Any) -> str:
@@ -66,7 +94,13 @@ def declared_role(b: Any) -> str:
 
 def print_named(report: dict) -> None:
     named = report["named"]
-    for kind in ("inputs", "uniforms", "outputs"):
+    for o in named["overrides"]:
+        at = f" @id({o['id']})" if o["id"] is not None else ""
+        default = f"default {o['default']}" if o["default"] is not None else "no default: every call must give it"
+        given = f"; given {o['given']}" if o["given"] is not None else ""
+        stand_in = f"; checked with {o['name']} = {named['compiled_with'][o['name']]}" if o["name"] in named["compiled_with"] else ""
+        print(f"override  {o['name']}: {o['type'] or '?'}{at}, {default}{given}{stand_in}")
+    for kind in ("inputs", "uniforms", "outputs", "constants"):
         if named["supply"][kind]:
             print(f"named     {kind}: {'; '.join(named['supply'][kind])}")
     for problem in named["problems"]:
