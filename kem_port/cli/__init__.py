@@ -14,10 +14,10 @@ import os
 import sys
 
 from kem_port.port import runtime_dir
-from kem_port.cli import adapters_cmd, check_cmd, playground_cmd, publish_cmd, run_cmd
+from kem_port.cli import adapters_cmd, chain_cmd, check_cmd, playground_cmd, publish_cmd, run_cmd
 from kem_port.cli.console import Console, CliError
 
-COMMANDS = (run_cmd, check_cmd, adapters_cmd, publish_cmd, playground_cmd)
+COMMANDS = (run_cmd, check_cmd, chain_cmd, adapters_cmd, publish_cmd, playground_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
