@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # kem run --warm hands the command on as typed
     runtime_dir.ensure()  # before a driver loads: no Mesa XDG_RUNTIME_DIR notice
     console = Console(verbose=args.verbose, quiet=args.quiet)
     try:

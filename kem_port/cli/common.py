@@ -8,6 +8,27 @@ from kem_port.cli import inputs
 from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
 
+_warm_runner = None  # the warm process's one Runner (kem_port/warm/server.py); None in a plain command
+
+
+def use_warm_runner(runner) -> None:
+    global _warm_runner
+    _warm_runner = runner
+
+
+def in_warm_process() -> bool:
+    return _warm_runner is not None
+
+
+def runner():
+    """The Runner a command uses: a fresh one, or in the warm process its
+    shared one (one device and its compiled pipelines for every command)."""
+    if _warm_runner is not None:
+        return _warm_runner
+    from kem_port.api import Runner
+
+    return Runner()
+
 
 def add_call_options(parser: argparse.ArgumentParser) -> None:
     """How a call is shaped: output size, params, workgroups or grid, constants, entry point."""

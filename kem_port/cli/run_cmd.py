@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     common.add_call_options(parser)
     run_named.add_options(parser)
     parser.add_argument("-o", "--output", metavar="FILE", help="write the output here ('-' for stdout)")
+    parser.add_argument("--warm", action="store_true",
+                        help="run in the warm kem process (started on first use, ends after 10 idle minutes): "
+                             "a second run skips the device open and the compile (docs/cli.md)")
     parser.add_argument("--debug", action="store_true", help="bind the kernel's debug channel and print its records on stderr (docs/debug.md)")
     parser.add_argument(
         "--png", nargs="?", const="input", type=_png_size, metavar="WxH",
@@ -46,15 +49,17 @@ def _png_size(text: str):
 
 
 def handle(args: argparse.Namespace, console: Console) -> int:
-    from kem_port.api import Runner
+    if args.warm and not common.in_warm_process():
+        from kem_port.warm.client import forward
 
+        return forward(args.argv, console)
     if args.buffer or args.out:  # any kernel by named buffers (run_named.py)
         if args.input is not None or args.hex is not None or args.random is not None:
             args.usage_error("give the input as --input/--hex/--random, or the buffers by name (--buffer/--out), not both")
         return run_named.handle(args, console)
     if args.input is None and args.hex is None and args.random is None:
         args.usage_error("give an input (--input, --hex or --random), or buffers by name (--buffer NAME=..., --out NAME=BYTES)")
-    runner = Runner()
+    runner = common.runner()
     loaded = inputs.load_input(args, runner.config.max_input_bytes)
     params = inputs.parse_params(args.params, args.params_hex, loaded.image_size)
     png_size = _png_target(args.png, loaded)

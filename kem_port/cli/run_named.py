@@ -46,9 +46,9 @@ def out_spec(text: str) -> tuple[str, int]:
 
 
 def handle(args: argparse.Namespace, console: Console) -> int:
-    from kem_port.api import Runner, run_named
+    from kem_port.api import run_named
 
-    runner = Runner()
+    runner = common.runner()
     limit = runner.config.max_input_bytes
     rng = np.random.default_rng(args.seed)
     buffers = {name: _bytes(kind, rest, rng, limit) for name, kind, rest in args.buffer or ()}
