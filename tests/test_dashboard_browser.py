@@ -99,6 +99,10 @@ def shown(driver, table: str, key: str, value: str, field: str) -> str:
         table, key, value, field)
 
 
+def severe(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
 def updates(driver) -> int:
     return int(driver.execute_script("return document.body.getAttribute('data-updates') || '0'"))
 
@@ -149,6 +153,9 @@ def test_the_dashboard_shows_the_calls_and_errors_made_and_refreshes_live(node, 
         screenshot(browser, "dashboard")
     finally:
         browser.set_window_size(1280, 1000)
+    # No script error, and nothing the page's policy refused (Chromium
+    # logs a Content-Security-Policy refusal as SEVERE).
+    assert severe(browser) == []
 
 
 def test_a_kernel_id_that_is_markup_is_shown_as_text(node, browser):
@@ -159,6 +166,7 @@ def test_a_kernel_id_that_is_markup_is_shown_as_text(node, browser):
     assert HOSTILE in ids
     assert browser.find_elements("tag name", "img") == []
     assert browser.title == "kem dashboard"
+    assert severe(browser) == []
 
 
 def test_the_page_without_http_shows_its_snapshot(node, browser, tmp_path):
