@@ -20,6 +20,7 @@ dashboard_test_() ->
       {timeout, 60, fun page_is_html_with_the_figures_inside/0},
       {timeout, 60, fun markup_in_a_kernel_id_stays_text/0},
       {timeout, 60, fun dev_kem_keys_over_real_http/0},
+      {timeout, 60, fun quarantined_kernels_are_listed/0},
       {timeout, 300, fun kernels_past_the_cap_are_counted_as_other/0}]}.
 
 start() ->
@@ -152,6 +153,24 @@ dev_kem_keys_over_real_http() ->
         no_leaks(Json)
     after
         kem_dashboard_node:stop(Node)
+    end.
+
+%% A kernel quarantined (as kem_quarantine:on_timeout/4 does after a
+%% runaway call) is listed with its scope and the seconds left; its
+%% refused call counts as a `quarantined' error.
+quarantined_kernels_are_listed() ->
+    ok = kem_quarantine:add(<<"k7">>),
+    ok = kem_quarantine:add({chain, <<"k8">>}),
+    try
+        ?assertMatch({error, {quarantined, _}}, kem:execute(<<"k7">>, <<1, 2, 3, 4>>, #{})),
+        {ok, Data} = kem:dashboard_data(),
+        Listed = lists:sort([{maps:get(<<"kernel">>, Q), maps:get(<<"scope">>, Q)} || Q <- maps:get(<<"quarantined">>, Data)]),
+        ?assertEqual([{<<"k7">>, <<"all calls">>}, {<<"k8">>, <<"chains">>}], Listed),
+        [?assert(S > 50 andalso S =< 60) || #{<<"seconds_left">> := S} <- maps:get(<<"quarantined">>, Data)],
+        ?assertMatch(#{<<"quarantined">> := N} when N >= 1, maps:get(<<"window">>, maps:get(<<"errors">>, Data)))
+    after
+        ets:delete(kem_quarantine, <<"k7">>),
+        ets:delete(kem_quarantine, {chain, <<"k8">>})
     end.
 
 %% 52 kernels with a successful call each: 50 take a place, the other two
