@@ -138,3 +138,34 @@ def test_the_playground_binds_loopback_only():
     done = subprocess.run([sys.executable, "-m", "kem_port.cli", "playground", "--host", "0.0.0.0"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 1 and "loopback" in done.stderr and done.stdout == ""
+
+
+SEVENS = """struct KemDebug { count: atomic<u32>, records: array<u32> }
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@group(0) @binding(15) var<storage, read_write> kem_debug: KemDebug;
+
+fn note(v: u32) {
+    let i = atomicAdd(&kem_debug.count, 1u);
+    if (i < arrayLength(&kem_debug.records)) { kem_debug.records[i] = v; }
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&output_words)) { return; }
+    output_words[i] = input_words[i] + 1u;
+    if (input_words[i] % 7u == 0u) { note(i); }
+}
+"""
+
+
+def test_debug_records_come_back_with_the_output(server, rng):
+    words = int(rng.integers(100, 3000))
+    x = rng.integers(0, 50, words, dtype=np.uint32)
+    body = {"code": SEVENS, "input": {"kind": "hex", "text": x.astype("<u4").tobytes().hex()}, "debug": True}
+    status, answer = request(server, "POST", "/api/run", body)
+    assert status == 200, answer
+    assert sorted(answer["debug"]["records"]) == np.flatnonzero(x % 7 == 0).tolist()
+    assert answer["debug"]["dropped"] == 0
+    assert bytes.fromhex(answer["outputs"][0]["hex"]) == (x + 1).astype("<u4").tobytes()[:4096]

@@ -6,6 +6,7 @@ setting gets another process. Real `kem` processes, real wgpu."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -102,3 +103,13 @@ def test_other_settings_get_another_warm_process(env):
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**env, **extra}).stdout for extra in ({}, {"KEM_ZERO_WORKGROUP": "on"}, {"KEM_LOG": "INFO"})}
     assert len(keys) == 3
+
+
+def test_a_warm_check_reports_as_a_cold_one(tmp_path, env):
+    (tmp_path / "ok.wgsl").write_text(KERNEL.replace("MUL", "2u"))
+    (tmp_path / "bad.wgsl").write_text(KERNEL.replace("MUL", "nope"))
+    for name, code in (("ok.wgsl", 0), ("bad.wgsl", 1)):
+        cold = kem("check", name, "--json", cwd=tmp_path, env=env)
+        warm = kem("check", name, "--json", "--warm", cwd=tmp_path, env=env)
+        assert cold.returncode == warm.returncode == code
+        assert json.loads(warm.stdout) == json.loads(cold.stdout)

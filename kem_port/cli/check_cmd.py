@@ -41,14 +41,17 @@ def add_parser(sub) -> None:
     parser.add_argument("--input-size", type=inputs.size, default=4096, metavar="BYTES", help="input size for the dispatch shown (default 4096)")
     common.add_call_options(parser)
     parser.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    parser.add_argument("--warm", action="store_true", help="check in the warm kem process, as kem run --warm (docs/cli.md)")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, console: Console) -> int:
-    from kem_port.api import Runner
+    if args.warm and not common.in_warm_process():
+        from kem_port.warm.client import forward
 
+        return forward(args.argv, console)
     params = inputs.parse_params(args.params, args.params_hex, None)
-    runner = Runner()
+    runner = common.runner()
     source = common.resolve(runner, args.kernel, console)
     report = build_report(runner, source, args, params, console)
     _print(report, args)

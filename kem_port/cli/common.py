@@ -62,7 +62,8 @@ def resolve(runner, kernel: str, console: Console):
 
 
 def open_device(runner, console: Console) -> None:
-    console.progress("opening the GPU device")
+    if not in_warm_process():  # the warm process opened its device when it started
+        console.progress("opening the GPU device")
     try:
         executor = runner.executor
     except KemError as exc:
