@@ -192,5 +192,11 @@ def test_a_chain_steps_shader_error_names_its_kernel(tmp_path):
     with start_port(KEM_KERNEL_DIR=str(tmp_path)) as port:
         with pytest.raises(PortError) as exc:
             port.chain([{"kernel": "double"}, {"kernel": "broken"}], input=words(1))
-    assert (exc.value.reason, exc.value.step) == ("shader_error", 2)
-    assert "Shader 'broken'" in exc.value.detail and "Shader ''" not in exc.value.detail
+        assert (exc.value.reason, exc.value.step) == ("shader_error", 2)
+        assert "Shader 'broken'" in exc.value.detail and "Shader ''" not in exc.value.detail
+        # session_call is one step: its refusal is a plain {Reason, Detail},
+        # the admission's too (it came back as #{step => 1, ...}).
+        with pytest.raises(PortError) as exc:
+            port.session_open().call("broken", words(1))
+        assert (exc.value.reason, exc.value.step) == ("shader_error", None)
+        assert "Shader 'broken'" in exc.value.detail

@@ -59,7 +59,7 @@ class SessionMethods:
                 moved = request.bytes_moved()
                 self._submit(request.req_id, self._buffer_work(request), small=0 <= moved <= SMALL_CALL)
         except StepError as exc:
-            self.replies.error(request.req_id, exc)
+            self.replies.error(request.req_id, _shaped(request.method, exc))
 
     # -- buffers and sessions ----------------------------------------------
 
@@ -93,7 +93,10 @@ class SessionMethods:
         later = bool(remote) or not _all_admitted(self.guard, self.resolver, steps)
 
         def run() -> None:
-            chain_steps = self._steps(steps)
+            try:
+                chain_steps = self._steps(steps)
+            except StepError as exc:
+                raise _shaped(method, exc) from None
             work = self._chain_work(method, ref, chain_steps, returns, data)
             self._submit(req_id, work, small=not later and self._small_chain(ref, steps, chain_steps, data))
 
@@ -121,9 +124,7 @@ class SessionMethods:
             try:
                 result = chains.run(Chain(chain_steps, data, returns, session))
             except StepError as exc:
-                if method == "session_call":  # one step: a plain error
-                    raise KemError(exc.reason, exc.detail) from None
-                raise
+                raise _shaped(method, exc) from None
             # Buffer names go back as binaries (a str key would become an atom).
             return {n.encode(): v for n, v in result.items()} if isinstance(result, dict) else result
 
@@ -203,6 +204,13 @@ def _tagged(req_id: int) -> Callable[[Callable], Callable]:
         return action
 
     return tag
+
+
+def _shaped(method: str, error: StepError) -> KemError:
+    """session_call is one step: its failure is a plain {Reason, Detail}
+    (docs/sessions.md), an admission's refusal too (it came back as a
+    step's, #{step => 1, ...})."""
+    return KemError(error.reason, error.detail) if method == "session_call" else error
 
 
 def _kernels(steps: list) -> list[sp.StepArgs]:
