@@ -88,6 +88,8 @@ def test_a_kem_run_is_numpys_answer_and_warm_after_the_first(server, words, rng)
     assert bytes.fromhex(out["hex"]) == (x ^ np.uint32(key)).astype("<u4").tobytes()[:4096]
     assert out["bytes"] == words * 4 and answer["dispatch_rule"] == "1-D"
     assert answer["workgroups"] == [-(-words // 64), 1, 1]
+    # GPU time from timestamps where the adapter has them (lavapipe does), else said why.
+    assert answer["gpu_ms"] > 0 if answer["gpu_ms"] is not None else answer["gpu_note"] == "the adapter has no timestamp queries"
     status, again = request(server, "POST", "/api/run", body)
     assert again["warm"] and again["timings_ms"]["device_open"] == 0 and again["outputs"] == answer["outputs"]
 
@@ -102,6 +104,7 @@ def test_a_named_run_is_numpys_answer(server, rng):
     assert status == 200, answer
     (out,) = answer["outputs"]
     assert out["name"] == "c" and answer["dispatch_rule"] == "grid"
+    assert answer["gpu_ms"] is None and answer["gpu_note"] == "runs by named buffers take no GPU timestamps"
     assert np.array_equal(np.frombuffer(bytes.fromhex(out["hex"]), np.float32), (a * 2 + b)[:1024])
 
 

@@ -171,3 +171,39 @@ def test_an_image_kernel_on_a_png_shows_the_image_the_api_computes(browser, play
     assert fact(browser, "dispatch rule") == "image"
     assert fact(browser, "input") == f"{width * height * 4} bytes (PNG {width}x{height})"
     screenshot(browser, "playground_image")
+
+
+ADD = """@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+
+@compute @workgroup_size(32)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&c)) { c[gid.x] = a[gid.x] - 0.5 * b[gid.x]; }
+}
+"""
+
+
+def test_a_kernel_outside_kem10_runs_by_named_buffers_from_the_form_reflection_draws(browser, playground, rng):
+    from selenium.webdriver.support.ui import Select
+
+    load(browser, playground)
+    paste_kernel(browser, ADD)
+    wait_for(browser, lambda d: d.find_element("id", "check-status").text == "ok: runs by named buffers")
+    assert browser.find_element("id", "mode").get_attribute("value") == "named"
+    rows = {r.get_attribute("data-name"): r for r in browser.find_elements("css selector", "#named-fields .input-row")}
+    assert sorted(rows) == ["a", "b"]
+    n = int(rng.integers(1, 1000))
+    # Normal floats, typed as hex (random bytes as f32 hold NaNs, whose
+    # payloads a GPU need not keep, and subnormals it may flush).
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    for name, values in (("a", a), ("b", b)):
+        Select(rows[name].find_element("class name", "kind")).select_by_value("hex")
+        set_field(rows[name].find_element("class name", "hex"), values.tobytes().hex())
+    set_field(browser.find_element("css selector", "#named-fields label[data-name='c'] .out-size"), n * 4)
+    Select(browser.find_element("id", "dispatch")).select_by_value("grid")
+    set_field(browser.find_element("id", "dx"), n)
+    run_and_wait(browser)
+    assert shown_bytes(browser, "c") == (a - np.float32(0.5) * b).astype(np.float32).tobytes()[:4096]
+    assert fact(browser, "dispatch rule") == "grid"
+    screenshot(browser, "playground_named")

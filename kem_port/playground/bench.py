@@ -89,7 +89,10 @@ class Bench:
                 answer = self._run_named(source, shape, body)
             timings = {k: round(v * 1e3, 3) for k, v in vars(runner.timings).items()}
             gpu = _gpu_seconds(runner) - gpu_before
+        if mode == "named":
+            del timings["compile"]  # a named run compiles inside run_named: its time is in "run"
         answer.update(timings_ms=timings, gpu_ms=round(gpu * 1e3, 3) if gpu > 0 else None,
+                      gpu_note=None if gpu > 0 else _no_gpu_time(mode, bool(body.get("debug"))),
                       warm=timings.get("device_open", 0) == 0, adapter=runner.executor.info.get("name"))
         return answer
 
@@ -147,6 +150,15 @@ class _Pinned:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
+
+
+def _no_gpu_time(mode: str, debug: bool) -> str:
+    """Why a run has no GPU time: only the batch road takes timestamps (gpu/timing.py)."""
+    if mode == "named":
+        return "runs by named buffers take no GPU timestamps"
+    if debug:
+        return "debug runs take no GPU timestamps"
+    return "the adapter has no timestamp queries"
 
 
 def _view(name: str, data: bytes, image: tuple[int, int] | None) -> dict:

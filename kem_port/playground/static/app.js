@@ -254,9 +254,9 @@ function showResult(answer) {
   fact("dispatch rule", answer.dispatch_rule);
   if (answer.workgroups) fact("workgroups", answer.workgroups.join(" x "));
   const t = answer.timings_ms;
-  fact("GPU time", answer.gpu_ms === null ? "not measured (no timestamp queries on this adapter)" : `${answer.gpu_ms} ms`);
+  fact("GPU time", answer.gpu_ms === null ? `not measured: ${answer.gpu_note}` : `${answer.gpu_ms} ms`);
   fact("run (submit to read back)", `${t.run} ms`);
-  fact("compile", `${t.compile} ms`);
+  if (t.compile !== undefined) fact("compile", `${t.compile} ms`);
   fact("device", answer.warm ? "warm (opened by an earlier request)" : `opened: ${t.device_open} ms`);
   fact("input", `${answer.input.bytes} bytes` + (answer.input.image ? ` (PNG ${answer.input.image.join("x")})` : ""));
   if (answer.debug) {
