@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -113,3 +114,29 @@ def test_a_warm_check_reports_as_a_cold_one(tmp_path, env):
         warm = kem("check", name, "--json", "--warm", cwd=tmp_path, env=env)
         assert cold.returncode == warm.returncode == code
         assert json.loads(warm.stdout) == json.loads(cold.stdout)
+
+
+def test_the_warm_process_ends_when_idle_and_takes_its_socket_with_it(tmp_path, env):
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    sock = folder / "kem-warm-test.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "kem_port.warm", str(sock), "2"], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        assert sock.exists()
+        assert proc.wait(timeout=30) == 0  # two idle seconds, then gone
+        assert not sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_warm_process_killed_outright_is_replaced_on_the_next_run(tmp_path, env):
+    (tmp_path / "ok.wgsl").write_text(KERNEL.replace("MUL", "2u"))
+    _, pid = warm_run(tmp_path, env, "ok.wgsl", "--hex", "01000000", "-o", "out.bin")
+    os.kill(pid, signal.SIGKILL)  # its socket file stays behind, answering nobody
+    done, again = warm_run(tmp_path, env, "ok.wgsl", "--hex", "02000000", "-o", "out.bin")
+    assert again != pid and (tmp_path / "out.bin").read_bytes() == (2 * 2 + 3).to_bytes(4, "little")

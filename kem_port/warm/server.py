@@ -43,7 +43,7 @@ class _CurrentStderr(logging.Handler):
             pass
 
 
-def serve(path: Path) -> int:
+def serve(path: Path, idle_exit_s: float = IDLE_EXIT_S) -> int:
     lock = open(path.with_suffix(".lock"), "w")  # held for this process's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -64,11 +64,11 @@ def serve(path: Path) -> int:
     listener.bind(str(path))
     os.chmod(path, 0o600)
     listener.listen(16)
-    listener.settimeout(ACCEPT_POLL_S)
+    listener.settimeout(min(ACCEPT_POLL_S, idle_exit_s))
     signal.signal(signal.SIGTERM, _stop)  # ends through the finally below: the socket file goes too
     last = time.monotonic()
     try:
-        while time.monotonic() - last < IDLE_EXIT_S:
+        while time.monotonic() - last < idle_exit_s:
             try:
                 conn, _ = listener.accept()
             except socket.timeout:
