@@ -172,3 +172,12 @@ def test_debug_records_come_back_with_the_output(server, rng):
     assert sorted(answer["debug"]["records"]) == np.flatnonzero(x % 7 == 0).tolist()
     assert answer["debug"]["dropped"] == 0
     assert bytes.fromhex(answer["outputs"][0]["hex"]) == (x + 1).astype("<u4").tobytes()[:4096]
+
+
+def test_http_servers_own_refusals_are_json_too(server):
+    status, answer = request(server, "DELETE", "/api/run")
+    assert status == 501 and answer["error"]["reason"] == "not_implemented"
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(b"GARBAGE\r\n\r\n")
+        reply = sock.recv(65536).decode()
+    assert reply.endswith('"diagnostics": []}') and '"reason": "bad_args"' in reply  # HTTP/0.9 style: the body alone

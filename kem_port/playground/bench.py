@@ -24,7 +24,7 @@ from typing import Any
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.kernel_store import source_from_bytes
-from kem_port.playground import requests
+from kem_port.playground import payload
 from kem_port.playground.diagnostics import diagnostics
 
 KERNEL_ID = "playground"  # the id the editor's text runs under (logs and errors)
@@ -53,7 +53,7 @@ class Bench:
         from kem_port.cli.check_cmd import build_report
         from kem_port.cli.console import Console
 
-        text, shape = requests.code(body), requests.shape(body, self.limit)
+        text, shape = payload.code(body), payload.shape(body, self.limit)
         size = body.get("input_size", 4096)
         if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_CHECK_INPUT:
             raise KemError("bad_args", f"input_size: 0 to {MAX_CHECK_INPUT} bytes")
@@ -61,7 +61,7 @@ class Bench:
         with self._lock:
             try:
                 source = self._source(text)
-                params = requests.params_bytes(shape.params, image)
+                params = payload.params_bytes(shape.params, image)
                 args = SimpleNamespace(input_size=size, **dataclasses.asdict(shape))
                 report = build_report(self.runner, source, args, params, Console(quiet=True))
             except KemError as exc:
@@ -74,7 +74,7 @@ class Bench:
 
     def run(self, body: dict) -> dict:
         """One Run: the outputs (hex, an image when image-shaped), the dispatch rule, timings, debug records."""
-        text, shape = requests.code(body), requests.shape(body, self.limit)
+        text, shape = payload.code(body), payload.shape(body, self.limit)
         mode = body.get("mode", "kem")
         if mode not in ("kem", "named"):
             raise KemError("bad_args", "mode: kem (the kem@1.0 contract) or named (buffers by name)")
@@ -96,13 +96,13 @@ class Bench:
                       warm=timings.get("device_open", 0) == 0, adapter=runner.executor.info.get("name"))
         return answer
 
-    def _run_kem(self, source, shape: requests.Shape, body: dict) -> dict:
+    def _run_kem(self, source, shape: payload.Shape, body: dict) -> dict:
         runner = self.runner
-        loaded = requests.load(body.get("input"), self.limit, "input")
+        loaded = payload.load(body.get("input"), self.limit, "input")
         debug = bool(body.get("debug"))
         call = runner.call(
             source, loaded.data, output_size=shape.output_size, hint=shape.hint,
-            params=requests.params_bytes(shape.params, loaded.image_size), workgroups=shape.workgroups,
+            params=payload.params_bytes(shape.params, loaded.image_size), workgroups=shape.workgroups,
             entry_point=shape.entry_point, debug=debug, grid=shape.grid, constants=dict(shape.constant) or None,
         )
         runner.compile(source, call)
@@ -116,12 +116,12 @@ class Bench:
                 "input": {"bytes": len(loaded.data), "image": loaded.image_size},
                 "outputs": [_view("output", result, loaded.image_size)]}
 
-    def _run_named(self, source, shape: requests.Shape, body: dict) -> dict:
+    def _run_named(self, source, shape: payload.Shape, body: dict) -> dict:
         from kem_port.api import run_named
 
         if shape.grid is None and shape.workgroups is None:
             raise KemError("bad_args", "a kernel run by named buffers needs a grid or workgroups")
-        buffers, outputs = requests.named(body, self.limit)
+        buffers, outputs = payload.named(body, self.limit)
         image = next((b.image_size for b in buffers.values() if b.image_size), None)
         started = time.perf_counter()
         got = run_named(source.kernel_id, {n: b.data for n, b in buffers.items()}, outputs,

@@ -106,6 +106,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._json(200, answer)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line, an unknown method: 400, 414, 501) as JSON too."""
+        self.close_connection = True
+        reason = "not_implemented" if code == 501 else "bad_args"
+        self._error(code, reason, message or HTTPStatus(code).phrase)
+
     def _host_ok(self) -> bool:
         port = self.server.server_address[1]
         host = self.headers.get("Host", "")
