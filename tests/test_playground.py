@@ -181,3 +181,25 @@ def test_http_servers_own_refusals_are_json_too(server):
         sock.sendall(b"GARBAGE\r\n\r\n")
         reply = sock.recv(65536).decode()
     assert reply.endswith('"diagnostics": []}') and '"reason": "bad_args"' in reply  # HTTP/0.9 style: the body alone
+
+
+def start_playground(*args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "kem_port.cli", "playground", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    line = proc.stdout.readline()
+    assert line.startswith("kem playground: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, line.split()[2]
+
+
+def test_ctrl_c_stops_the_playground_cleanly_and_a_taken_port_is_one_line():
+    import signal
+
+    proc, url = start_playground()
+    try:
+        taken = subprocess.run([sys.executable, "-m", "kem_port.cli", "playground", "--port", url.rsplit(":", 1)[1].strip("/")],
+                               capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert taken.returncode == 1 and taken.stderr.startswith("kem: cannot serve on 127.0.0.1:") and len(taken.stderr.splitlines()) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    assert "stopped" in proc.stderr.read()
