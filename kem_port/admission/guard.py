@@ -92,8 +92,9 @@ class CompileGuard:
     # -- the hot path -----------------------------------------------------
 
     def is_admitted(self, source: KernelSource, call: KernelCall) -> KernelSource | None:
-        """The admitted (possibly rewritten) source, or None: one dict lookup."""
-        return self._admissions.get(_key(source, call))
+        """The admitted (possibly rewritten) source, or None: one dict lookup (the hot road stays in this module)."""
+        key = _key(source, call)
+        return self._admitted.get(key) if len(key) <= 3 else self._admissions.get(key)
 
     # -- admission --------------------------------------------------------
 
