@@ -140,3 +140,13 @@ def test_a_warm_process_killed_outright_is_replaced_on_the_next_run(tmp_path, en
     os.kill(pid, signal.SIGKILL)  # its socket file stays behind, answering nobody
     done, again = warm_run(tmp_path, env, "ok.wgsl", "--hex", "02000000", "-o", "out.bin")
     assert again != pid and (tmp_path / "out.bin").read_bytes() == (2 * 2 + 3).to_bytes(4, "little")
+
+
+def test_a_warm_runs_output_file_gets_the_callers_umask(tmp_path, env):
+    (tmp_path / "ok.wgsl").write_text(KERNEL.replace("MUL", "2u"))
+    for mask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        (tmp_path / "out.bin").unlink(missing_ok=True)
+        done = subprocess.run(["sh", "-c", f"umask {mask:03o} && exec \"$0\" -m kem_port.cli run ok.wgsl --hex 01000000 -o out.bin --warm",
+                               sys.executable], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "out.bin").stat().st_mode & 0o777 == mode

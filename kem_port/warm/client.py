@@ -51,9 +51,15 @@ def forward(argv: list[str], console: Console) -> int:
     path = socket_path()
     sock = connect(path) or _start(path)
     with sock:
-        code, pid = _ask(sock, {"argv": argv, "cwd": os.getcwd()})
+        code, pid = _ask(sock, {"argv": argv, "cwd": os.getcwd(), "umask": _umask()})
     console.detail(f"served by the warm process {pid}")
     return code
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def connect(path: Path) -> socket.socket | None:

@@ -140,6 +140,8 @@ def _run(request: dict, fds: list[int], runner) -> int:
     streams = [_stream(fds[0], "r"), _stream(fds[1], "w"), _stream(fds[2], "w")]
     sys.stdin, sys.stdout, sys.stderr = streams
     runner.timings = type(runner.timings)()  # this command's timings only (-v)
+    umask = request.get("umask")
+    mask = os.umask(umask if isinstance(umask, int) and 0 <= umask <= 0o777 else 0o077)  # -o FILE gets the client's mode
     try:
         os.chdir(request["cwd"])
         return main(request["argv"])
@@ -159,6 +161,7 @@ def _run(request: dict, fds: list[int], runner) -> int:
             except (OSError, ValueError):
                 pass
         sys.stdin, sys.stdout, sys.stderr = saved
+        os.umask(mask)
         os.chdir("/")
 
 
