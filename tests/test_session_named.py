@@ -200,3 +200,26 @@ def test_a_chain_steps_shader_error_names_its_kernel(tmp_path):
             port.session_open().call("broken", words(1))
         assert (exc.value.reason, exc.value.step) == ("shader_error", None)
         assert "Shader 'broken'" in exc.value.detail
+
+
+def test_webgpu_limits_and_fixed_sizes_are_checked_before_submit(tmp_path):
+    many = "".join(f"@group(0) @binding({i}) var<storage, read> in{i}: array<u32>;\n" for i in range(8))
+    (tmp_path / "nine.wgsl").write_text(
+        many + "@group(0) @binding(8) var<storage, read_write> out: array<u32>;\n"
+        "@compute @workgroup_size(1)\nfn main() { out[0] = " + " + ".join(f"in{i}[0]" for i in range(8)) + "; }\n")
+    (tmp_path / "fixed.wgsl").write_text(
+        "@group(0) @binding(0) var<storage, read_write> table: array<u32, 64>;\n"
+        "@compute @workgroup_size(64)\nfn main(@builtin(global_invocation_id) g: vec3<u32>) { table[g.x] = g.x; }\n")
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as port:
+        s = port.session_open()
+        with pytest.raises(PortError) as exc:
+            s.call("nine", grid=(1, 1, 1))
+        assert exc.value.reason == "bad_kernel" and "9 storage buffers" in exc.value.detail
+        s.create("table", 64)  # 16 words of a 64-word array
+        with pytest.raises(PortError) as exc:
+            s.call("fixed", grid=(64, 1, 1))
+        assert exc.value.reason == "bad_args" and "256 bytes" in exc.value.detail
+        s.free("table")
+        s.create("table", 256)
+        assert s.call("fixed", grid=(64, 1, 1)) == {}
+        assert s.read("table") == np.arange(64, dtype="<u4").tobytes()

@@ -20,7 +20,6 @@ failure names the step (:class:`StepError`).
 from __future__ import annotations
 
 from kem_port.errors import KemError, bad_args, too_large
-from kem_port.gpu.constants import check_workgroup_limits
 from kem_port.gpu.contract import pad4
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
@@ -46,6 +45,7 @@ class Planner:
         self.budget = ChainBudget(request_bytes)  # one request's bytes and work (gpu/chain_budget.py)
         self.slots: dict[str, Slot] = {}
         self.temporaries: list[Slot] = []
+        self.limits = Limits(gpu.binding_limit, gpu.uniform_limit)
 
     def plan(self) -> ChainPlan:
         if not self.chain.steps:
@@ -93,8 +93,7 @@ class Planner:
     def _step(self, step: Step, previous: Slot) -> PlannedStep:
         device = self.gpu.require()
         compiled = self.pipelines.get(device, step.source, step.entry_point, step.params, step.constants)
-        layout = compiled.shape
-        check_workgroup_limits(layout.entry, device.limits)
+        layout = compiled.shape  # its workgroup size checked against the device's limits once, when compiled
         storage, uniforms, uses, output = [], [], [], None
         if layout.positional:
             source = self.lookup(step.input) if step.input is not None else previous
@@ -108,14 +107,14 @@ class Planner:
             if given:
                 raise bad_args(f"{', '.join(given)}: kem@1.0's bindings 0-2, which kernel {step.source.kernel_id!r} does not "
                                "have (it binds every buffer by name: buffers, outputs, bind)")
-        limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
-        named = bind_named(step, layout, self, limits)
-        storage += [(n.group, n.binding, slot) for n, slot in named.storage]
-        uniforms += named.uniforms
-        uses += [(slot, n.writable) for n, slot in named.storage]
+        named = bind_named(step, layout, self, self.limits)
+        if named.storage or named.uniforms:
+            storage += [(n.group, n.binding, slot) for n, slot in named.storage]
+            uniforms += named.uniforms
+            uses += [(slot, n.writable) for n, slot in named.storage]
+            fresh = {id(slot) for slot in named.results.values()}  # made by this step, or its own bytes: nothing stale
+            _check_whole_words([slot for _, slot in named.storage if id(slot) not in fresh])
         _check_conflicts(uses)
-        fresh = {id(slot) for slot in named.results.values()}  # made by this step, or its own bytes: nothing stale
-        _check_whole_words([slot for _, slot in named.storage if id(slot) not in fresh])
         for slot, _ in uses[:2] if layout.positional else ():
             if slot.size > self.gpu.binding_limit:
                 raise too_large(f"buffer of {slot.size} bytes is over this adapter's storage binding limit of {self.gpu.binding_limit}")

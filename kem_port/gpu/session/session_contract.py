@@ -29,7 +29,7 @@ from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.constants import resolve_entry
-from kem_port.gpu.named.binding_model import MAX_GROUPS, role_of
+from kem_port.gpu.named.binding_model import MAX_GROUPS, Bound, Limits, check_counts, role_of
 from kem_port.gpu.wgsl.wgsl_reflect import Binding, EntryPoint, KernelShape
 
 # A plain call reads a read-only binding 3 as the call table; in a session
@@ -93,8 +93,16 @@ def check_session_layout(shape: KernelShape, entry_point: str, params: bytes | N
             raise KemError("bad_kernel", f"{a.wgsl_name!r} and {b.wgsl_name!r} are both at @group({a.group}) @binding({a.binding})")
     if not positional and not any(n.writable for n in named):
         raise KemError("bad_kernel", "the kernel writes no buffer (no var<storage, read_write>): the step would do nothing")
+    _check_counts(base, named, params is not None)
     inp = base.binding(contract.GROUP, contract.INPUT) if base is not None else None
     return SessionLayout(base, entry, named, inp is not None and inp.access == "read_write")
+
+
+def _check_counts(base: KernelShape | None, named: tuple[NamedBinding, ...], has_params: bool) -> None:
+    """WebGPU's buffers a compute stage may bind (8 storage, 12 uniform by
+    default), by the layout alone: checked once per pipeline, not per step."""
+    roles = [n.role for n in named] + (["input", "output"] + (["uniform"] if has_params else []) if base is not None else [])
+    check_counts([Bound(None, role, None, 0, 0) for role in roles], Limits(0, 0))  # type: ignore[arg-type]
 
 
 def _entry(shape: KernelShape, entry_point: str, constants: tuple | None) -> EntryPoint | None:

@@ -17,7 +17,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu import contract
-from kem_port.gpu.constants import pipeline_constants, set_key
+from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
 from kem_port.gpu.pipelines import compute_stage, gpu_message
 from kem_port.gpu.session.session_contract import SessionLayout
@@ -68,6 +68,7 @@ class SessionPipelines:
         if shape is None:
             shape = self._shapes[source.sha256] = reflect(source.text)
         layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(source.text, entry_point))
+        check_workgroup_limits(layout.entry, device.limits)  # once per pipeline: its constants set fixes the size
         started = time.perf_counter()
         self._serial += 1
         compiled = _compile(device, source, entry_point, layout, params is not None, self._serial,
