@@ -77,8 +77,7 @@ class CompileGuard:
         self.rejects = rejects
         self.stats = stats
         self._admissions = Admitted()  # keys with a constants set in an LRU (admission/admitted.py)
-        self._admitted = self._admissions.plain
-        self.admitted = self._admitted  # read by the reader's lone road (port/lone_call.py): one lookup, no call
+        self._admitted = self.admitted = self._admissions.plain  # .admitted: the reader's lone road's (port/lone_call.py) one lookup
         self._failed: OrderedDict[tuple[str, str, bool], KemError] = OrderedDict()
         # One admitted text per kernel (sha256, cleared or not), shared by its
         # entry points and shapes: a chain names any entry point, and a copy
@@ -93,8 +92,7 @@ class CompileGuard:
 
     def is_admitted(self, source: KernelSource, call: KernelCall) -> KernelSource | None:
         """The admitted (possibly rewritten) source, or None: one dict lookup (the hot road stays in this module)."""
-        key = _key(source, call)
-        return self._admitted.get(key) if len(key) <= 3 else self._admissions.get(key)
+        return self._admitted.get(key) if len(key := _key(source, call)) <= 3 else self._admissions.get(key)
 
     # -- admission --------------------------------------------------------
 
