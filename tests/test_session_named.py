@@ -158,6 +158,10 @@ def test_bitonic_sort_with_copy_steps(session, rng, n):
             j //= 2
         k *= 2
     assert session.chain(steps, returns=["src"]) == {"src": np.sort(data).tobytes()}
+    # The same sort with a copy kernel per pass, as it was written before copy steps.
+    session.write("src", 0, data.tobytes())
+    by_kernel = [{"kernel": "copy_words", "input": "dst", "output": "src"} if "copy" in step else step for step in steps]
+    assert session.chain(by_kernel, returns=["src"]) == {"src": np.sort(data).tobytes()}
 
 
 def test_copy_and_clear_refusals_name_the_step(session, rng):
