@@ -207,3 +207,24 @@ def test_a_kernel_outside_kem10_runs_by_named_buffers_from_the_form_reflection_d
     assert shown_bytes(browser, "c") == (a - np.float32(0.5) * b).astype(np.float32).tobytes()[:4096]
     assert fact(browser, "dispatch rule") == "grid"
     screenshot(browser, "playground_named")
+
+
+def test_debug_records_are_shown_beside_the_output(browser, playground, rng):
+    from test_playground import SEVENS
+
+    load(browser, playground)
+    paste_kernel(browser, SEVENS)
+    wait_for(browser, lambda d: d.find_element("id", "check-status").text == "ok: a kem@1.0 kernel")
+    words, seed = int(rng.integers(10, 500)), int(rng.integers(0, 1 << 31))
+    row = browser.find_element("css selector", "#input-spec .input-row")
+    set_field(row.find_element("class name", "size"), words * 4)
+    set_field(row.find_element("class name", "seed"), seed)
+    browser.find_element("id", "debug").click()
+    run_and_wait(browser)
+    x = np.frombuffer(np.random.default_rng(seed).bytes(words * 4), "<u4")
+    found = re.fullmatch(r"(\d+) records, 0 dropped: ?([\d ]*)", browser.find_element("id", "debug-records").text)
+    assert found, browser.find_element("id", "debug-records").text
+    records = sorted(int(r) for r in found.group(2).split())
+    assert int(found.group(1)) == len(records) and records == np.flatnonzero(x % 7 == 0).tolist()
+    assert shown_bytes(browser) == (x + np.uint32(1)).astype("<u4").tobytes()[:4096]
+    screenshot(browser, "playground_debug")
