@@ -227,3 +227,26 @@ def test_webgpu_limits_and_fixed_sizes_are_checked_before_submit(tmp_path):
         s.create("table", 256)
         assert s.call("fixed", grid=(64, 1, 1)) == {}
         assert s.read("table") == np.arange(64, dtype="<u4").tobytes()
+
+
+def test_hostile_step_terms_are_refused_and_the_port_answers_after(session, sport):
+    session.create("a", 64)
+    session.create("b", 64)
+    cases = [
+        ({"copy": (7, 0, "b", 0, 4)}, "bad_args"),  # a name that is not one
+        ({"copy": ("a", 0, "b", 0, 2**40)}, "too_large"),
+        ({"copy": ("a", -4, "b", 0, 4)}, "bad_args"),
+        ({"copy": ["a", 0, "b", 0, 4]}, "bad_args"),  # a list, not the tuple
+        ({"copy": ("a", 0, "b", 0, 4), "clear": ("b", 0, 4)}, "bad_args"),
+        ({"clear": ("a", 0, 2**40)}, "too_large"),
+        ({"kernel": "axpy_named", "buffers": [1, 2], "grid": (1, 1, 1)}, "bad_args"),
+        ({"kernel": "axpy_named", "buffers": {"params": [1]}, "grid": (1, 1, 1)}, "bad_args"),
+        ({"kernel": "axpy_named", "buffers": {"params": words(1)}, "grid": (1, 1, 1)}, "bad_args"),  # shorter than Params
+        ({"kernel": "double", "constants": {"NOPE": 1}}, "bad_args"),
+    ]
+    for bad, reason in cases:
+        with pytest.raises(PortError) as exc:
+            session.chain([{"clear": ("a", 0, 4)}, bad], returns=["a"])
+        assert (exc.value.reason, exc.value.step) == (reason, 2), (bad, exc.value)
+        assert "OtpErlang" not in exc.value.detail and "/work" not in exc.value.detail
+    assert sport.call("execute", b"double", words(21), {}) == words(42)
