@@ -28,6 +28,9 @@ class KernelSource:
     sha256: str  # of the bytes as published (the Arweave id's content, the refusal store's key)
     origin: str  # where it came from: a path, or gateway URL
     tier: str  # how it was admitted: "local", "strict", "pinned", "off", ...
+    # None: text is the kernel's own (gpu/pipelines.py compiles its gas form);
+    # True/False: text is already its gas form (admission made it), metered or not.
+    metered: bool | None = None
 
 
 def source_from_bytes(kernel_id: str, data: bytes, origin: str, tier: str) -> KernelSource:

@@ -188,7 +188,9 @@ def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, ca
         inputs = [rng.uniform(-1e3, 1e3, words).astype(np.float32).view(np.uint32) for _ in range(calls)]
     before = slot_dispatches(slot_port)
     got = run_group(slot_port, name, inputs, hint)
-    assert slot_dispatches(slot_port) == before + 1
+    # workgroup_sum has a loop: its group runs as plain calls, each with its
+    # gas meter (the slot form carries none yet: docs/metering.md)
+    assert slot_dispatches(slot_port) == before + (0 if name == "workgroup_sum" else 1)
     for x, out in zip(inputs, got):
         assert_same(name, x, np.frombuffer(out, np.uint32), words * hint)
     single = slot_port.call("execute_kernel", name.encode(), inputs[-1].tobytes(), hint)

@@ -51,8 +51,9 @@ from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
+from kem_port.gpu.wgsl.wgsl_gas import gas_form
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
-from kem_port.admission.zeroing import zero_workgroup_memory
+from kem_port.admission.zeroing import compiled_text
 
 log = logging.getLogger("kem_port.admission.guard")
 
@@ -83,7 +84,7 @@ class CompileGuard:
         # entry points and shapes: a chain names any entry point, and a copy
         # each grew the port by the kernel's size per name (1 MiB kernel:
         # ~4-6 MB an admission, issue 24's third red team).
-        self._texts: dict[tuple[str, bool], str] = {}
+        self._texts: dict[tuple[str, bool, bool], str] = {}  # (sha256, cleared, for sessions: not metered)
         self._slot = WorkerSlot(settings, lambda seconds: self._time("compile_worker_open", seconds))
         self._lock = threading.Lock()  # one compile at a time: one worker
         self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
@@ -147,9 +148,9 @@ class CompileGuard:
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
-        text = self._texts.get((source.sha256, clear))
+        text = self._texts.get(tkey := (source.sha256, clear, shape == SESSION))
         if text is None:
-            text = zero_workgroup_memory(source.text) if clear else source.text
+            text = compiled_text(source.text, clear, shape != SESSION)
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
             if len(key) > 3:
@@ -172,7 +173,7 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=self._texts.setdefault((source.sha256, clear), text))
+        admitted = replace(source, text=self._texts.setdefault(tkey, text), metered=None if shape == SESSION else gas_form(source.text).metered)
         self._admissions.put(key, admitted)
         self._count("kernels_admitted")
         return admitted

@@ -72,6 +72,8 @@ def compile_kernel(device: Any, request: dict) -> dict:
     from kem_port.gpu.contract import layout_entries
     from kem_port.gpu.pipelines import compute_stage
     from kem_port.gpu.wgsl.wgsl_reflect import reflect
+    from kem_port.gpu import gas_meter
+    from kem_port.gpu.wgsl.wgsl_gas import metered
 
     try:
         shape = reflect(request["code"])
@@ -81,8 +83,13 @@ def compile_kernel(device: Any, request: dict) -> dict:
             layout, bindings = "auto", bindings_of(shape)
         else:  # the very layout the port builds (gpu/pipelines.py)
             entries = layout_entries(shape, bool(request["has_params"]))
-            layout = device.create_pipeline_layout(bind_group_layouts=[device.create_bind_group_layout(entries=entries)])
+            layouts = [device.create_bind_group_layout(entries=entries)]
             bindings = {0: [entry["binding"] for entry in entries]}
+            if metered(shape):  # the gas group, as gpu/pipelines.py adds it (cap 0 in a first dispatch)
+                gas = gas_meter.layout_entries()
+                layouts.append(device.create_bind_group_layout(entries=gas))
+                bindings[1] = [entry["binding"] for entry in gas]
+            layout = device.create_pipeline_layout(bind_group_layouts=layouts)
         stage = compute_stage(module, request["entry"], request.get("constants"))  # as gpu/pipelines.py builds it
         pipeline = device.create_compute_pipeline(layout=layout, compute=stage)
     except wgpu.GPUError as exc:

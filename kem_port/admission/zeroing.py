@@ -32,6 +32,7 @@ from tree_sitter import Node
 
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
+from kem_port.gpu.wgsl.wgsl_gas import gas_form
 from kem_port.gpu.wgsl.wgsl_reflect import _attributes, _parser
 from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
@@ -236,3 +237,13 @@ def _shape(type_text: str, types: Types) -> tuple[str, str, str]:
     else:
         return "composite", type_text, ""
     raise cannot_clear(type_text)
+
+
+def compiled_text(text: str, clear: bool, metered: bool) -> str:
+    """What the port compiles of a kernel: its gas form when metered (every
+    loop counted, gpu/wgsl/wgsl_gas.py; sessions and chains carry no meter
+    yet, docs/metering.md), then the clearing when asked (kem's own bounded
+    loop, added after the count is placed: uncounted, so gas does not
+    depend on the adapter)."""
+    own = gas_form(text).text if metered else text
+    return zero_workgroup_memory(own) if clear else own

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import wgpu
 
+from kem_port.gpu import gas_meter
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu.group import call_table
-from kem_port.gpu.group.group_stage import canary_fill, dispatch_slots, gather, slots_intact
+from kem_port.gpu.group.group_stage import canary_fill, dispatch_slots, dispatch_table, gather, slots_intact
 from kem_port.gpu.calls import BatchCost, Job
 from kem_port.gpu.device import STAGING_ALIGN, Device
 from kem_port.gpu.hot_path import HotPath
@@ -153,7 +154,7 @@ class Stages:
             self._dispatch_plain(encoder, device, plan, in_buf, out_buf, u_buf)
             current = None  # the pipeline set last
             for table in plan.groups:
-                current = self._dispatch_table(encoder, device, table, in_buf, out_buf, t_buf, current)
+                current = dispatch_table(encoder, device, self.pipelines, table, (in_buf, out_buf, t_buf, u_buf), current, self.device.dispatch_limits.max_per_dimension)
             if plan.groups:  # (a group job of a call-table kernel always makes one)
                 self.stats.inc("table_dispatches", len(plan.groups))
                 self.stats.inc("table_calls", sum(table.calls for table in plan.groups))
@@ -204,26 +205,11 @@ class Stages:
             else:
                 hits += 1
             set_bind_group(group)
+            if item.gas is not None:
+                gas_meter.bind(encoder, device, pipelines, pipeline.gas_layout, item.gas, u_buf, out_buf, (u_serial, out_serial))
             dispatch(*item.groups)
         if hits:
             self.stats.inc("bind_group_hits", hits)
-
-    def _dispatch_table(self, encoder, device, table, in_buf, out_buf, t_buf, current):
-        """One dispatch of a plan.TableGroup or group_table.SlotTable (one
-        slot each for an unlisted kernel: the pipeline set once for a run)."""
-        if table.pipeline is not current:
-            encoder.set_pipeline(table.pipeline.pipeline)
-        group = self.pipelines.bind_group(
-            device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),
-            None, (t_buf, table.table_offset, len(table.rows)),
-        )
-        encoder.set_bind_group(group)
-        if table.alone:
-            encoder.dispatch(*table.items[0].groups)  # planned (and checked) like any call's
-        else:
-            width = table.pipeline.entry.workgroup_size[0]
-            encoder.dispatch(*call_table.workgroups(table.words, width, self.device.dispatch_limits.max_per_dimension))
-        return table.pipeline
 
     def submit(self, flight: Flight) -> None:
         started = time.perf_counter()
@@ -251,6 +237,8 @@ class Stages:
         mapped_view = flight.hot.mapped(flight.staging, 0, flight.staging.size)
         for item in flight.items:
             size = item.job.call.output_size
+            if item.gas is not None and gas_meter.refused(mapped_view, item.job, item.gas):  # ran out: gas_exhausted
+                continue
             if item.job.calls > 1:
                 outputs = gather(mapped_view, item)  # first: the canaries share its cache lines
                 if slots_intact(mapped_view, item, self.pipelines):  # else failed, its slot form retired

@@ -38,6 +38,7 @@ class KernelCall:
     # Pipeline-overridable constants, (name, value) sorted by name: a tuple
     # so that the pipeline cache and admission can key on it (gpu/constants.py).
     constants: tuple[tuple[str, int | float], ...] | None = None
+    gas_limit: int | None = None  # the call's gas budget (docs/metering.md); None: the node's KEM_GAS_LIMIT
 
     @property
     def param_words(self) -> tuple[int, ...]:

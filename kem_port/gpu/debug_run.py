@@ -15,7 +15,7 @@ import struct
 
 import wgpu
 
-from kem_port.gpu import contract
+from kem_port.gpu import contract, gas_meter
 from kem_port.gpu.calls import Job
 from kem_port.transfer.file_inputs import FILE_INPUTS, FileInput, FileParts
 from kem_port.gpu.executor import Executor
@@ -62,11 +62,26 @@ def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     compute = encoder.begin_compute_pass()
     compute.set_pipeline(pipeline.pipeline)
     compute.set_bind_group(0, group)
+    meter = _bind_gas(device, compute, pipeline, item.gas)
     compute.dispatch_workgroups(*groups)
     compute.end()
     device.queue.submit([encoder.finish()])
+    if meter is not None:
+        gas_meter.check(memoryview(device.queue.read_buffer(meter)), item.gas)
     result = bytes(device.queue.read_buffer(outputs)[: call.output_size])
     return result, decode_records(bytes(device.queue.read_buffer(debug)))
+
+
+def _bind_gas(device, compute, pipeline, slot: gas_meter.GasSlot | None):
+    """A metered kernel's cap and meter (offsets 0: buffers of their own); the meter buffer, or None."""
+    if slot is None:
+        return None
+    usage = wgpu.BufferUsage
+    cap = device.create_buffer_with_data(data=slot.cap.to_bytes(4, "little") + bytes(12), usage=usage.UNIFORM)
+    meter = device.create_buffer_with_data(data=bytes(16), usage=usage.STORAGE | usage.COPY_SRC)
+    compute.set_bind_group(1, device.create_bind_group(layout=pipeline.gas_layout, entries=[
+        {"binding": 0, "resource": {"buffer": cap}}, {"binding": 1, "resource": {"buffer": meter}}]))
+    return meter
 
 
 def decode_records(raw: bytes) -> dict:

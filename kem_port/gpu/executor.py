@@ -175,9 +175,10 @@ class Executor:
                 continue
             try:
                 item = prepare(job)
-                if isinstance(job, GroupJob) and item.pipeline.tabled and not group_table.fits(item, self.gpu, self.sharing.shares_table(job.call.kernel_id)):
-                    # Too large for the call table (gpu/group_table.py): the group's slots go as
-                    # plain calls, each prepared (and, should that fail, answered) on its own.
+                if isinstance(job, GroupJob) and (item.gas is not None or item.pipeline.tabled and not group_table.fits(item, self.gpu, self.sharing.shares_table(job.call.kernel_id))):
+                    # Metered (a kernel with a loop: slot forms carry no meter yet), or too large
+                    # for the call table (gpu/group_table.py): the group's slots go as plain
+                    # calls, each prepared (and, should that fail, answered) on its own.
                     pending.extend(job.split())
                 else:
                     ready.append(item)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import wgpu
 
@@ -21,7 +21,9 @@ from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.group.slot_dispatch import SlotForms
+from kem_port.gpu import gas_meter
 from kem_port.gpu.wgpu_private import serial_of
+from kem_port.gpu.wgsl.wgsl_gas import GROUP, PREFIX, gas_form, metered
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
@@ -44,6 +46,7 @@ class Pipeline:
     tabled: bool = False  # declares the call table: its calls share dispatches
     debugged: bool = False  # binds the debug channel (a debug call's kernel that declares it)
     source: KernelSource | None = None  # what was compiled: a group's slot form is built from it (gpu/slot_dispatch.py)
+    gas_layout: wgpu.GPUBindGroupLayout | None = None  # metered (a kernel with a loop): the gas group's layout (gpu/gas_meter.py)
 
 
 def gpu_message(exc: BaseException) -> str:
@@ -84,7 +87,7 @@ class Pipelines:
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
         if shape is None:
-            shape = self._shapes[source.sha256] = reflect(source.text)
+            shape = self._shapes[source.sha256] = kernel_shape(source.text)
         return shape
 
     def get(self, device: wgpu.GPUDevice, source: KernelSource, call: KernelCall) -> Pipeline:
@@ -102,7 +105,7 @@ class Pipelines:
         check_workgroup_limits(entry, device.limits)  # an override may size it past them (gpu/constants.py)
         started = time.perf_counter()
         constants = pipeline_constants(shape, call.constants)
-        pipeline, layout = _compile(device, source, call.entry_point, shape, call.params is not None, constants)
+        pipeline, layout, gas_layout = _compile(device, source, call.entry_point, shape, call.params is not None, constants)
         elapsed = time.perf_counter() - started
         self.stats.inc("compiles")
         self.stats.add_time("compile", elapsed)
@@ -110,7 +113,7 @@ class Pipelines:
         self._serial += 1
         tabled = contract.uses_call_table(shape)
         debugged = contract.declares_debug(shape)
-        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled, debugged, source)
+        result = self._cache[key] = Pipeline(pipeline, layout, entry, self._serial, tabled, debugged, source, gas_layout)
         while len(self._cache) > PIPELINE_CACHE_SIZE:
             self._cache.popitem(last=False)
         return result
@@ -145,12 +148,16 @@ class Pipelines:
         while len(self._slot_lists) > SLOT_LIST_CACHE_SIZE:
             self._slot_lists.popitem(last=False)
 
-    def new_bind_group(self, key: tuple, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
-        """Create the group for `key` and cache it (evicting the oldest)."""
-        group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params, table))
+    def keep_bind_group(self, key: tuple, group) -> None:
+        """Cache a group made elsewhere (the gas group, gpu/gas_meter.py)."""
         self._bind_groups[key] = group
         while len(self._bind_groups) > BIND_GROUP_CACHE_SIZE:
             self._bind_groups.popitem(last=False)
+
+    def new_bind_group(self, key: tuple, device, pipeline: Pipeline, inputs: tuple, outputs: tuple, params: tuple | None, table: tuple | None = None):
+        """Create the group for `key` and cache it (evicting the oldest)."""
+        group = device.create_bind_group(layout=pipeline.layout, entries=contract.group_entries(inputs, outputs, params, table))
+        self.keep_bind_group(key, group)
         return group
 
 
@@ -167,6 +174,25 @@ def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, shape: Ke
     return compile_with_layout(device, source, entry, contract.layout_entries(shape, has_params), constants)
 
 
+def gas_text(source: KernelSource) -> tuple[str, bool]:
+    """(text to compile, metered): the kernel's gas form, made here unless
+    admission already made it (source.metered not None). Every loop a
+    pipeline runs is counted (gpu/wgsl/wgsl_gas.py)."""
+    if source.metered is not None:
+        return source.text, source.metered
+    form = gas_form(source.text)
+    return form.text, form.metered
+
+
+def kernel_shape(text: str) -> KernelShape:
+    """reflect() of a kernel's text, without the gas group's bindings
+    (kem's, in a gas form admission made: the contract sees the kernel's own)."""
+    shape = reflect(text)
+    if not metered(shape):
+        return shape
+    return replace(shape, bindings=tuple(b for b in shape.bindings if not (b.group == GROUP and b.name.startswith(PREFIX))))
+
+
 def compute_stage(module, entry: str, constants: dict[str, float] | None) -> dict:
     """create_compute_pipeline's compute stage; constants only when given
     (the admission worker builds the same, admission/worker.py)."""
@@ -178,16 +204,20 @@ def compute_stage(module, entry: str, constants: dict[str, float] | None) -> dic
 
 def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str, entries: list[dict],
                         constants: dict[str, float] | None = None):
-    """Shader module, bind group layout from `entries` and pipeline, with
-    naga's message as `shader_error` or `bad_kernel` (calls and sessions)."""
+    """Shader module (of the kernel's gas form), bind group layouts from
+    `entries` (and the gas group's, when metered) and pipeline, with naga's
+    message as `shader_error` or `bad_kernel`."""
+    text, metered = gas_text(source)
     try:
-        module = device.create_shader_module(code=source.text, label=source.kernel_id)
+        module = device.create_shader_module(code=text, label=source.kernel_id)
     except wgpu.GPUError as exc:
         raise KemError("shader_error", gpu_message(exc)) from None
     try:
         layout = device.create_bind_group_layout(entries=entries)
-        pipeline_layout = device.create_pipeline_layout(bind_group_layouts=[layout])
+        gas_layout = device.create_bind_group_layout(entries=gas_meter.layout_entries()) if metered else None
+        layouts = [layout, gas_layout] if metered else [layout]
+        pipeline_layout = device.create_pipeline_layout(bind_group_layouts=layouts)
         pipeline = device.create_compute_pipeline(layout=pipeline_layout, compute=compute_stage(module, entry, constants))
     except wgpu.GPUError as exc:
         raise KemError("bad_kernel", gpu_message(exc)) from None
-    return pipeline, layout
+    return pipeline, layout, gas_layout

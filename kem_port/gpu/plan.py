@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 
 from kem_port.gpu.group import call_table, group_table
-from kem_port.gpu import contract
+from kem_port.gpu import contract, gas_meter
+from kem_port.gpu.gas_meter import GasSlot
 from kem_port.gpu.calls import Job
 from kem_port.transfer.file_inputs import FILE_INPUTS, PACK_LIMIT
 from kem_port.gpu.session.chain_budget import ChainBudget
@@ -45,6 +46,7 @@ class Prepared:
     # A plain group run through its slot form: the canary bytes of each slot
     # (start, end from the slot's start) to check after the dispatch (group_stage.py).
     canary: tuple[int, int] | None = None
+    gas: GasSlot | None = None  # a metered pipeline's cap and meter (gpu/gas_meter.py)
 
 
 def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
@@ -63,7 +65,9 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     return Prepared(
         job, pipeline, groups,
         contract.input_binding_size(call), contract.output_binding_size(call), contract.params_binding_size(call),
+        gas=None if pipeline.gas_layout is None else gas_meter.call_slot(call, pipeline, groups, device.config.gas_limit),
     )
+
 
 
 class BatchPreparer:
@@ -90,7 +94,8 @@ class BatchPreparer:
             first = self._seen[key] = prepare(job, self._device, self._pipelines)
             return first
         self.reused += 1
-        return Prepared(job, first.pipeline, first.groups, first.in_size, first.out_size, first.u_size)
+        gas = None if first.gas is None else gas_meter.call_slot(call, first.pipeline, first.groups, self._device.config.gas_limit)
+        return Prepared(job, first.pipeline, first.groups, first.in_size, first.out_size, first.u_size, gas=gas)
 
 
 @dataclass
@@ -110,6 +115,7 @@ class TableGroup:
     words: int = 0  # invocations that do work: one per output word
     calls: int = 0  # rows
     _out: int = 0  # output bytes so far
+    gas: GasSlot | None = None  # a metered kernel's: one meter for the dispatch (gpu/gas_meter.py)
 
     @property
     def alone(self) -> bool:
@@ -227,6 +233,10 @@ class BatchPlan:
             group.lay_out(out_total, t_total)
             out_total += contract.align(group.out_bytes, storage_align)
             t_total += contract.align(len(group.rows), storage_align)
+        self.gas = [i.gas for i in self.plain if i.gas is not None]
+        if self.gas or any(i.gas is not None for i in items if i.pipeline.tabled):  # metered dispatches: a cap and meter each
+            self.gas += gas_meter.table_slots(self.groups, max_groups)
+            out_total, u_total = gas_meter.lay_out(self.gas, out_total, u_total, storage_align, uniform_align)
         self.out_total, self.u_total, self.t_total = out_total, u_total, t_total
 
     def _lay_out_inputs(self, storage_align: int) -> None:
@@ -269,6 +279,8 @@ class BatchPlan:
             for item in self.items:
                 if item.job.call.params is not None:
                     params[item.u_offset : item.u_offset + len(item.job.call.params)] = item.job.call.params
+            if self.gas:
+                gas_meter.write_caps(self.gas, params)
             hot.write(u_buf, 0, params)
         if self.t_total:
             rows = bytearray(self.t_total)

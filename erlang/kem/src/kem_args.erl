@@ -173,12 +173,15 @@ opt(entry_point, V) when is_atom(V) -> ok;
 opt(entry_point, V) when is_binary(V), byte_size(V) =< ?MAX_ENTRY_POINT -> ok;
 opt(entry_point, _) -> bad(<<"entry_point must be an atom or a binary of at most 128 bytes">>);
 opt(debug, V) when is_boolean(V) -> ok;  % the debug channel (docs/debug.md)
+%% The call's gas budget (docs/metering.md); the port counts gas in 64 bits.
+opt(gas_limit, V) when is_integer(V), V > 0, V < 1 bsl 63 -> ok;
+opt(gas_limit, _) -> bad(<<"gas_limit must be an integer 1..2^63-1 (docs/metering.md)">>);
 opt(debug, _) -> bad(<<"debug must be true or false">>);
 opt(timeout, _) -> bad(<<"timeout is an option of kem:execute/3, not of a port call">>);
 opt(Key, _) when is_atom(Key) ->
     bad(<<"unknown option ", (atom_to_binary(Key, utf8))/binary,
           "; known: output_size_hint, output_size, params, workgroups, grid, constants, entry_point, timeout, "
-          "max_output_bytes, usage, debug">>);
+          "max_output_bytes, usage, debug, gas_limit">>);
 opt(_, _) -> bad(<<"option keys are atoms">>).
 
 %% An override's name (atom or binary, checked as a WGSL name by the port)

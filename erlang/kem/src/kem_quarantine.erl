@@ -8,6 +8,12 @@
 %%% 0 turns it off). The first call of a new runaway kernel still costs one
 %%% timeout; its repeats cost nothing.
 %%%
+%%% A call that runs out of gas (`gas_exhausted', docs/metering.md) is not
+%%% quarantined: the kernel ended on the GPU by the caller's budget, with no
+%%% port killed and nothing lost for anyone else, and the same kernel with a
+%%% larger budget is a legitimate call. Quarantine stays for timeouts, the
+%%% last line of defence (a kernel slow without loops: a huge dispatch).
+%%%
 %%% An ETS table read by the callers themselves (no message on the hot
 %%% path: one lookup per kernel call); this server only owns it.
 -module(kem_quarantine).

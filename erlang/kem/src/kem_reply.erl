@@ -81,6 +81,9 @@ status(shader_error) -> 422;
 status(bad_kernel) -> 422;
 status(dispatch_too_large) -> 422;
 status(kernel_rejected) -> 422;
+%% The caller's budget did not cover the work (docs/metering.md): the kernel
+%% and the request are fine, a larger gas_limit (paying more) succeeds.
+status(gas_exhausted) -> 402;
 status(no_buffer) -> 400;
 status(quota_exceeded) -> 413;
 status(overloaded) -> 503;

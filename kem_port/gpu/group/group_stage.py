@@ -43,7 +43,10 @@ from functools import lru_cache
 import numpy as np
 
 from kem_port.errors import KemError
+from kem_port.gpu import gas_meter
+from kem_port.gpu.group import call_table
 from kem_port.gpu.pipelines import NO_BINDING, Pipelines
+from kem_port.gpu.wgpu_private import serial_of
 from kem_port.gpu.plan import Prepared
 
 log = logging.getLogger("kem_port.gpu.group_stage")
@@ -148,3 +151,27 @@ def slots_intact(mapped: memoryview, item: Prepared, pipelines: Pipelines) -> bo
     pipelines.slots.retire(item.pipeline)
     item.job.refuse(KemError("internal", FAULT))
     return False
+
+
+def dispatch_table(encoder, device, pipelines: Pipelines, table, buffers: tuple, current, max_per_dimension: int):
+    """One dispatch of a plan.TableGroup or group_table.SlotTable (one
+    slot each for an unlisted kernel: the pipeline set once for a run);
+    buffers: the batch's (input, output, table, uniform). A metered
+    kernel's table binds its shared cap and meter (gpu/gas_meter.py)."""
+    in_buf, out_buf, t_buf, u_buf = buffers
+    if table.pipeline is not current:
+        encoder.set_pipeline(table.pipeline.pipeline)
+    group = pipelines.bind_group(
+        device, table.pipeline, (in_buf, table.in_offset, table.in_bytes), (out_buf, table.out_offset, table.out_bytes),
+        None, (t_buf, table.table_offset, len(table.rows)),
+    )
+    encoder.set_bind_group(group)
+    if table.items[0].gas is not None:
+        serials = (serial_of(u_buf), serial_of(out_buf))
+        gas_meter.bind(encoder, device, pipelines, table.pipeline.gas_layout, table.items[0].gas, u_buf, out_buf, serials)
+    if table.alone:
+        encoder.dispatch(*table.items[0].groups)  # planned (and checked) like any call's
+    else:
+        width = table.pipeline.entry.workgroup_size[0]
+        encoder.dispatch(*call_table.workgroups(table.words, width, max_per_dimension))
+    return table.pipeline

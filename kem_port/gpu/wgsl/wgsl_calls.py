@@ -23,7 +23,6 @@ from tree_sitter import Node
 
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_canonical import sequence_in, token_values
-from kem_port.gpu.wgsl.wgsl_reflect import _parser
 
 LOOP_WORDS = frozenset({"loop", "for", "while"})  # reserved words: never an identifier in valid WGSL
 # Line breaks other than LF (WGSL's list): tree-sitter ends a line comment
@@ -167,19 +166,18 @@ _MAY_LOOP_KEPT = 1024  # (kernel, entry) answers kept: one parse each, a few ms 
 
 
 def may_loop(text: str, sha256: str, entry: str) -> bool:
-    """Whether entry's reachable code may loop (False when the lexer finds
-    no loop keyword at all; else True when unsure: a parse error, a
-    comment that may hide code, no such entry point). Parsed once
-    per kernel and entry point; later calls are one dict lookup."""
+    """Whether entry may loop: False only when the lexer finds entry
+    declared and no loop keyword anywhere in text. Lexed once per kernel
+    and entry point; later calls are one dict lookup."""
     key = (sha256, entry)
     known = _MAY_LOOP.get(key)
     if known is not None:
         return known
-    if _no_loop_token(text, entry):
-        answer = False
-    else:
-        graph = call_graph(_parser().parse(text.encode("utf-8")).root_node)
-        answer = graph.opaque or entry not in graph.own_nodes or bool(reachable(graph, entry) & graph.loops)
+    # Any loop token anywhere, reachable or not, answers "may loop": that is
+    # exactly when the kernel's gas form is metered (gpu/wgsl/wgsl_gas.py),
+    # so a road that takes only loop-free kernels never meets a pipeline
+    # that binds the gas meter.
+    answer = not _no_loop_token(text, entry)
     _MAY_LOOP[key] = answer
     while len(_MAY_LOOP) > _MAY_LOOP_KEPT:
         _MAY_LOOP.popitem(last=False)

@@ -74,8 +74,11 @@ METER_BYTES = 16  # [low, high, ran out, unused] u32 words
 LOOP_WORDS = frozenset(("loop", "for", "while"))
 BARRIERS = frozenset(("workgroupBarrier", "storageBarrier", "textureBarrier", "workgroupUniformLoad"))
 
-_TICK = "kem_gas_n += 1u; if (kem_gas_n > kem_gas_cap.x) { break; } "
-_UNIFORM_TICK = "kem_gas_n += 1u; kem_gas_u += 1u; if (kem_gas_u > kem_gas_cap.x) { break; } "
+# kem_gas_n saturates below 2^32 (one min): ticks past the cap (a loop's
+# first tick after an inner one broke, per entry) could otherwise wrap it
+# past 2^32 in a barrier loop's cap iterations and hide that it ran out.
+_TICK = "kem_gas_n = min(kem_gas_n, 4294967294u) + 1u; if (kem_gas_n > kem_gas_cap.x) { break; } "
+_UNIFORM_TICK = "kem_gas_n = min(kem_gas_n, 4294967294u) + 1u; kem_gas_u += 1u; if (kem_gas_u > kem_gas_cap.x) { break; } "
 _FLUSH = "kem_gas_flush(); "
 _DECLARATIONS = f"""
 @group({GROUP}) @binding({CAP_BINDING}) var<uniform> kem_gas_cap: vec4<u32>;
@@ -121,10 +124,11 @@ def gas_form(text: str) -> GasForm:
 def _gas_form(text: str) -> GasForm:
     toks = list(tokens(text))
     values = [value for _, value, _ in toks]
+    _check_names(text, toks, values, False)  # every kernel: only a gas form has kem's names
     loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS]
     if not loop_at:
         return GasForm(text, False)
-    _check_names(text, toks, values)
+    _check_names(text, toks, values, True)
     functions, entries = _functions(text, toks, values)
     barrier_fns = _barrier_functions(values, functions)
     _check_shadowing(text, toks, values, barrier_fns)
@@ -142,17 +146,23 @@ def _gas_form(text: str) -> GasForm:
     return GasForm(_apply(text, inserts) + _DECLARATIONS, True, len(loop_at), uniform)
 
 
+def metered(shape) -> bool:
+    """Whether a reflected text (wgsl_reflect.KernelShape) is a metered gas form: it binds the meter."""
+    return any(b.group == GROUP and b.name.startswith(PREFIX) for b in shape.bindings)
+
+
 def _refuse(text: str, offset: int, why: str) -> KemError:
     line, column = position(text, offset)
     return KemError("bad_kernel", f"{line}:{column}: {why}")
 
 
-def _check_names(text: str, toks: list, values: list[str]) -> None:
-    """No token of kem's prefix; no group but 0 (the meter's group is GROUP)."""
+def _check_names(text: str, toks: list, values: list[str], groups: bool) -> None:
+    """No token of kem's prefix; with groups, no group but 0 (the meter's
+    is GROUP; a loop-free kernel is not metered, and sessions bind more groups)."""
     for i, value in enumerate(values):
-        if value.startswith(PREFIX):
+        if not groups and value.startswith(PREFIX):
             raise _refuse(text, toks[i][2], f"{value}: names starting {PREFIX} are kem's (gas metering)")
-        if value == "group" and i > 0 and values[i - 1] == "@" and not _is_zero(values[i + 1 : i + 3]):
+        if groups and value == "group" and i > 0 and values[i - 1] == "@" and not _is_zero(values[i + 1 : i + 3]):
             raise _refuse(text, toks[i][2], f"kem binds kernels at @group(0) only (the gas meter is @group({GROUP}))")
 
 
@@ -263,7 +273,7 @@ def _apply(text: str, inserts: list[tuple[int, str]]) -> str:
     return "".join(out)
 
 
-CAP_MAX = 1 << 30  # a tick past the cap adds at most nesting; 2^30 keeps kem_gas_n far from u32 wrap
+CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-loop entry: 2^30 keeps it far from u32 wrap
 
 
 def per_invocation_cap(gas_limit: int, invocations: int) -> int:
