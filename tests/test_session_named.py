@@ -250,3 +250,15 @@ def test_hostile_step_terms_are_refused_and_the_port_answers_after(session, spor
         assert (exc.value.reason, exc.value.step) == (reason, 2), (bad, exc.value)
         assert "OtpErlang" not in exc.value.detail and "/work" not in exc.value.detail
     assert sport.call("execute", b"double", words(21), {}) == words(42)
+
+
+@pytest.mark.parametrize("n", [1, 300, 20_000])
+def test_constants_on_a_kem_1_0_shaped_step_and_input_no_step_reads(session, rng, n):
+    data = rng.integers(0, 2**32, n, dtype=np.uint32)
+    steps = [{"kernel": "scaled"}, {"kernel": "scaled", "constants": {"SCALE": 7}}, {"kernel": "scaled", "constants": {"SCALE": 2}}]
+    assert session.chain(steps, input=data.tobytes()) == (data * np.uint32(28)).tobytes()
+    session.create("x", 4 * n)
+    session.create("y", 4 * n)
+    with pytest.raises(PortError) as exc:  # a by-name kernel reads no Input: refused, not ignored
+        session.call("axpy_named", data.tobytes(), buffers={"params": words(n, 1)}, grid=(n, 1, 1))
+    assert (exc.value.reason, exc.value.step) == ("bad_args", None) and "no step reads them" in exc.value.detail
