@@ -150,7 +150,7 @@ name(_) -> error.
 %% A typed number, or its decimal text: an integer ("16", "-3") or a float
 %% ("2.5", "-0.0", "1e-3", ".5"); nothing else (no inf or nan: WGSL has none).
 number(V) when is_integer(V); is_float(V) -> {ok, V};
-number(#{<<"body">> := Bin}) -> number(Bin);  % a part with headers of its own
+number(#{<<"body">> := Bin}) when is_binary(Bin) -> number(Bin);  % a part with headers of its own
 number(Bin) when is_binary(Bin), byte_size(Bin) =< ?MAX_NUMBER_TEXT ->
     Text = trim(Bin),
     case integer_text(Text) of

@@ -73,6 +73,7 @@ dispatch_test_() ->
       {timeout, 60, fun execute_kernel_takes_an_override_sized_workgroup/0},
       {timeout, 60, fun refusals_name_the_key/0},
       {timeout, 60, fun run_takes_a_grid_and_constants/0},
+      {timeout, 60, fun hostile_values_are_400s_with_safe_headers/0},
       {timeout, 60, fun over_real_http/0}]}.
 
 %%% references
@@ -206,6 +207,36 @@ run_takes_a_grid_and_constants() ->
      end || {Req, Word} <- [{Base, <<"grid">>}, {Base#{<<"grid">> => [4, 1, 1], <<"workgroups">> => [1, 1, 1]}, <<"not both">>},
                             {Base#{<<"grid">> => [4, 1, 1], <<"constants">> => #{}}, <<"ALPHA">>},
                             {Base#{<<"grid">> => [4, 1, 1], <<"constants">> => <<"ALPHA=x">>}, <<"ALPHA">>}]].
+
+%% What a stranger can put in the three keys: each a 400 whose top-level
+%% values are kem's own short ASCII (HTTP headers), the details in the JSON
+%% body, answered at once (a megabyte of digits is not parsed).
+hostile_values_are_400s_with_safe_headers() ->
+    Base = #{<<"kernel-id">> => <<"transpose">>, <<"input-data">> => floats(ints(64)), <<"params">> => params_text(8, 8),
+             <<"grid">> => [8, 8, 1], <<"constants">> => #{<<"SCALE">> => 1}},
+    Evil = <<"\r\nSet-Cookie: pwned=1\r\n", 16#C3, 16#A9, 0>>,
+    Mega = binary:copy(<<"9">>, 1 bsl 20),
+    Shapes = [{<<"grid">>, Mega}, {<<"grid">>, <<Mega/binary, ",1,1">>}, {<<"grid">>, [Mega, 1, 1]}, {<<"grid">>, Evil},
+              {<<"grid">>, #{<<"1">> => #{<<"a">> => 1}, <<"2">> => 1, <<"3">> => 1}}, {<<"grid">>, [[1], 1, 1]},
+              {<<"workgroups">>, binary:copy(<<"1,">>, 100000)},
+              {<<"constants">>, Mega}, {<<"constants">>, binary:copy(<<"S=1,">>, 100000)},
+              {<<"constants">>, #{<<"SCALE">> => Mega}}, {<<"constants">>, #{Evil => 1}},
+              {<<"constants">>, #{<<"SCALE">> => Evil}}, {<<"constants">>, <<Evil/binary, "=1">>},
+              {<<"constants">>, #{<<"SCALE">> => #{<<"body">> => #{<<"body">> => <<"1">>}}}},
+              {<<"constants">>, #{binary:copy(<<"A">>, 200) => 1}}],
+    [begin
+         Started = erlang:monotonic_time(millisecond),
+         {error, Reply} = with_params(Base#{Key => Value}),
+         ?assert(erlang:monotonic_time(millisecond) - Started < 1000, Key),
+         ?assertMatch(#{<<"status">> := 400, <<"reason">> := <<"bad_args">>}, Reply, Key),
+         [?assert(is_integer(V) orelse printable(V), {Key, K, V}) || {K, V} <- maps:to_list(maps:remove(<<"body">>, Reply))],
+         ?assertEqual(nomatch, binary:match(details(Reply), <<"\r\n">>), Key)
+     end || {Key, Value} <- Shapes],
+    %% the port still answers
+    ?assertMatch({ok, _}, body(with_params(Base))).
+
+printable(V) when is_binary(V), byte_size(V) =< 256 -> lists:all(fun(C) -> C >= 16#20 andalso C =< 16#7E end, binary_to_list(V));
+printable(_) -> false.
 
 %%% over HTTP: inets httpd plays the node
 
