@@ -9,6 +9,7 @@ from functools import lru_cache
 import numpy as np
 import wgpu
 
+from kem_port.gpu import gas_meter
 from kem_port.gpu.wgsl import wgsl_gas
 from kem_port.gpu.wgsl.wgsl_canonical import canonical
 
@@ -52,7 +53,7 @@ def run(text: str, data: np.ndarray, out_words: int, workgroups: int, cap: int, 
     result = np.frombuffer(dev.queue.read_buffer(out), np.uint32).copy()
     invocations = workgroups * wg_size
     words = np.frombuffer(dev.queue.read_buffer(meter), np.uint32).tolist() if meter else [0, 0, 0, 0]
-    return result, wgsl_gas.meter_gas(words, invocations), form
+    return result, gas_meter.meter_gas(words, invocations), form
 
 
 def _layout(dev: wgpu.GPUDevice, kinds: tuple[str, str]) -> wgpu.GPUBindGroupLayout:

@@ -12,6 +12,7 @@ import pytest
 
 from gas_helpers import run
 from kem_port.errors import KemError
+from kem_port.gpu import gas_meter
 from kem_port.gpu.wgsl import wgsl_gas
 from kem_port.gpu.wgsl.wgsl_canonical import canonical
 
@@ -147,9 +148,30 @@ def test_what_the_transform_cannot_account_for_is_refused(text, detail):
     assert caught.value.detail.split(":")[0].isdigit()  # line:col
 
 
-def test_per_invocation_cap_shares_what_launching_leaves():
-    assert wgsl_gas.per_invocation_cap(704, 64) == 10
-    assert wgsl_gas.per_invocation_cap(10**18, 64) == wgsl_gas.CAP_MAX
+@pytest.mark.parametrize("declared", [
+    "fn min(a: u32, b: u32) -> u32 { return 0u; }",  # would turn the tick into n = 1: the cap never reached (seen running 5000 of 100)
+    "fn atomicAdd(p: ptr<function, u32>, v: u32) -> u32 { return 0u; }",
+    "fn atomicMax(p: ptr<function, u32>, v: u32) -> u32 { return 0u; }",
+    "alias vec4 = vec2;", "struct atomic { a: u32 }",
+])
+def test_a_kernel_that_shadows_a_name_the_gas_code_uses_is_refused(declared):
+    """WGSL lets a module-scope declaration shadow a predeclared function or
+    type (naga follows): the tick and the flush must mean what kem wrote."""
+    text = HEAD + declared + "\n" + ENTRY + " var x = 0u; for (var k = 0u; k < 5000u; k++) { x += 1u; } out[g.x] = x; }"
     with pytest.raises(KemError) as caught:
-        wgsl_gas.per_invocation_cap(63, 64)
+        wgsl_gas.gas_form(canonical(text))
+    assert caught.value.reason == "bad_kernel" and "a name kem's gas code uses" in caught.value.detail
+
+
+def test_a_member_named_like_a_builtin_is_no_shadow():
+    text = HEAD + "struct Box { min: u32, max: u32 }\n" + ENTRY + " var b = Box(1u, 3u); for (var k = b.min; k < b.max; k++) { } out[g.x] = b.min; }"
+    _, (gas, ran_out), _ = run(text, ZEROS, 64, 1, 100)
+    assert (gas, ran_out) == (64 + 64 * 2, False)
+
+
+def test_per_invocation_cap_shares_what_launching_leaves():
+    assert gas_meter.per_invocation_cap(704, 64) == 10
+    assert gas_meter.per_invocation_cap(10**18, 64) == gas_meter.CAP_MAX
+    with pytest.raises(KemError) as caught:
+        gas_meter.per_invocation_cap(63, 64)
     assert caught.value.reason == "gas_exhausted"

@@ -56,9 +56,9 @@ def invocations(entry: EntryPoint | None, groups: tuple[int, int, int]) -> int:
 
 def slot_for(limit: int, entry: EntryPoint | None, groups: tuple[int, int, int]) -> GasSlot:
     """The slot of one call's dispatch; gas_exhausted before launch when
-    the limit does not cover launching (wgsl_gas.per_invocation_cap)."""
+    the limit does not cover launching (per_invocation_cap)."""
     launched = invocations(entry, groups)
-    return GasSlot(limit, launched, wgsl_gas.per_invocation_cap(limit, launched))
+    return GasSlot(limit, launched, per_invocation_cap(limit, launched))
 
 
 def call_slot(call, pipeline, groups: tuple[int, int, int], default_limit: int) -> GasSlot | None:
@@ -89,7 +89,7 @@ def shared_slot(slots: list[GasSlot], launched: int) -> GasSlot:
     """One slot for a call-table dispatch: the strictest budget of its calls,
     spread over what the shared dispatch launches."""
     limit = min(slot.limit for slot in slots)
-    cap = min(min(slot.cap for slot in slots), wgsl_gas.CAP_MAX if launched <= 0 else max(0, (limit - launched) // launched))
+    cap = min(min(slot.cap for slot in slots), CAP_MAX if launched <= 0 else max(0, (limit - launched) // launched))
     return GasSlot(limit, launched, cap)
 
 
@@ -125,7 +125,7 @@ def bind(encoder, device: wgpu.GPUDevice, pipelines, layout, slot: GasSlot, u_bu
 def read(view: memoryview, slot: GasSlot) -> tuple[int, bool]:
     """(gas, ran out) of a landed dispatch, from the mapped output range."""
     words = view[slot.meter_offset : slot.meter_offset + wgsl_gas.METER_BYTES].cast("I")
-    return wgsl_gas.meter_gas(words, slot.invocations)
+    return meter_gas(words, slot.invocations)
 
 
 def refused(view: memoryview, job, slot: GasSlot | None) -> bool:
@@ -147,6 +147,25 @@ def check(view: memoryview, slot: GasSlot) -> int:
     if ran_out:
         raise KemError("gas_exhausted", f"gas used {gas} of limit {slot.limit} (an invocation passed its {slot.cap} loop iterations)")
     return gas
+
+
+CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-loop entry: 2^30 keeps it far from u32 wrap
+
+
+def per_invocation_cap(gas_limit: int, invocations: int) -> int:
+    """The cap each invocation's loop iterations get from a call's gas
+    limit: what is left after launching, shared evenly (gas_exhausted
+    before launch when the limit does not cover the invocations)."""
+    if invocations <= 0:
+        return CAP_MAX
+    if gas_limit < invocations:
+        raise KemError("gas_exhausted", f"gas used 0 of limit {gas_limit}: launching {invocations} invocations needs {invocations}")
+    return min((gas_limit - invocations) // invocations, CAP_MAX)
+
+
+def meter_gas(words: tuple[int, int, int, int] | list[int], invocations: int) -> tuple[int, bool]:
+    """(gas, ran out) from the meter's four words."""
+    return invocations + words[0] + (words[1] << 32), bool(words[2])
 
 
 def _align(n: int, a: int) -> int:

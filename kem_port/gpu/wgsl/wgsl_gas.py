@@ -73,6 +73,11 @@ CAP_BYTES = 16  # vec4<u32>: x is the cap (a uniform binding is 16 bytes at leas
 METER_BYTES = 16  # [low, high, ran out, unused] u32 words
 LOOP_WORDS = frozenset(("loop", "for", "while"))
 BARRIERS = frozenset(("workgroupBarrier", "storageBarrier", "textureBarrier", "workgroupUniformLoad"))
+# Predeclared names the injected code uses: WGSL lets a module-scope
+# declaration shadow them (naga follows), and a kernel's own `fn min`
+# returning 0 kept a tick's count at 1 (5000 iterations ran past a cap of
+# 100, "not ran out": red team of this module), so declaring one is refused.
+INJECTED = frozenset(("min", "atomicAdd", "atomicMax", "u32", "vec4", "array", "atomic"))
 
 # kem_gas_n saturates below 2^32 (one min): ticks past the cap (a loop's
 # first tick after an inner one broke, per entry) could otherwise wrap it
@@ -232,8 +237,15 @@ def _barrier_functions(values: list[str], functions: dict[str, _Function]) -> fr
 def _check_shadowing(text: str, toks: list, values: list[str], barrier_fns: frozenset[str]) -> None:
     """A declared barrier builtin, or a barrier function's name declared
     again (a local, a parameter), would make _reaches_barrier misread."""
+    declared = names_declared_in(values)
+    # By a keyword only: a struct member named min (an AABB's) shadows nothing;
+    # a parameter or local of such a name fails naga's compile of the form.
+    used = INJECTED & names_declared_in([";" if v == ":" else v for v in values])
+    if used:
+        name = sorted(used)[0]
+        raise _refuse(text, toks[values.index(name)][2], f"{name}: a name kem's gas code uses (docs/metering.md); declare another")
     other = names_declared_in([";" if v == "fn" else v for v in values])  # names not declared by fn
-    clash = (set(BARRIERS) & names_declared_in(values)) | (other & barrier_fns)
+    clash = (set(BARRIERS) & declared) | (other & barrier_fns)
     if clash:
         name = sorted(clash)[0]
         raise _refuse(text, toks[values.index(name)][2], f"{name}: kem reserves barrier names (gas metering)")
@@ -271,22 +283,3 @@ def _apply(text: str, inserts: list[tuple[int, str]]) -> str:
         at = offset
     out.append(text[at:])
     return "".join(out)
-
-
-CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-loop entry: 2^30 keeps it far from u32 wrap
-
-
-def per_invocation_cap(gas_limit: int, invocations: int) -> int:
-    """The cap each invocation's loop iterations get from a call's gas
-    limit: what is left after launching, shared evenly (gas_exhausted
-    before launch when the limit does not cover the invocations)."""
-    if invocations <= 0:
-        return CAP_MAX
-    if gas_limit < invocations:
-        raise KemError("gas_exhausted", f"gas used 0 of limit {gas_limit}: launching {invocations} invocations needs {invocations}")
-    return min((gas_limit - invocations) // invocations, CAP_MAX)
-
-
-def meter_gas(words: tuple[int, int, int, int] | list[int], invocations: int) -> tuple[int, bool]:
-    """(gas, ran out) from the meter's four words."""
-    return invocations + words[0] + (words[1] << 32), bool(words[2])
