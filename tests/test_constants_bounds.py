@@ -136,11 +136,27 @@ def test_array_counts_kem_can_read(count, value):
     assert constants._count(count, {"N": 7}) == value
 
 
+def test_consts_and_override_expression_defaults_are_read():
+    """BEFORE: a count naming a const, or an override whose default is an
+    expression (HALF = WG / 2u), was not read: left to the compile worker."""
+    shape = reflect("override WG: u32 = 64;\noverride HALF: u32 = WG / 2u;\nconst TILE = 4u;\nconst TWICE = TILE * 2u;\n"
+                    "var<workgroup> t: array<f32, TWICE * HALF>;\nvar<workgroup> big: array<u32, 70000>;\n"
+                    "@compute @workgroup_size(1) fn main() { t[0] = 1.0; big[0] = 1u; }")
+    assert shape.workgroup_vars == (("t", "array<f32, ((4u) * 2u) * HALF>"), ("big", "array<u32, 70000>"))
+    assert shape.override_inits == (("WG", "64"), ("HALF", "WG / 2u"))
+    constants.check_workgroup_arrays(shape, {"WG": 2 * 8192})  # 8 x 8,192 = 65,536: within
+    with pytest.raises(KemError) as err:
+        constants.check_workgroup_arrays(shape, {"WG": 2 * 8193})
+    assert err.value.reason == "bad_args" and "var<workgroup> t" in err.value.detail and "HALF = 8193" in err.value.detail
+    with pytest.raises(KemError):
+        constants.check_workgroup_arrays(shape, {"WG": 64, "HALF": 9000})  # HALF given: its value, not the default's
+    # a literal size over the limit is no set's fault: admission/limits.py refuses the kernel, not this check
+
+
 def test_sizes_kem_cannot_read_are_left_to_the_compile_worker():
-    shape = reflect("override N: u32 = 8;\nconst LIMIT = 4u;\nvar<workgroup> t: array<f32, LIMIT * N>;\n"
+    shape = reflect("override N: u32 = 8;\nfn f() -> u32 { return 4u; }\nvar<workgroup> t: array<f32, f() * N>;\n"
                     "@compute @workgroup_size(1) fn main() { t[0] = 1.0; }")
-    assert shape.workgroup_vars == (("t", "array<f32, LIMIT * N>"),)
-    constants.check_workgroup_arrays(shape, {"N": 2**30})  # a const's name: not read, not refused here
+    constants.check_workgroup_arrays(shape, {"N": 2**30})  # a call: not read, not refused here
 
 
 # A set that fails to compile: D = 0 divides by zero in an override's

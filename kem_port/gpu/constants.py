@@ -37,6 +37,7 @@ FLOAT_MAX = {"f32": 3.4028234663852886e38, "f16": 65504.0}
 # compiler for 1 GiB of workgroup memory and killed the admission worker.
 MAX_WORKGROUP_ELEMENTS = 65_536
 _ARRAY = re.compile(r"array\s*<(.*)>", re.S)
+_OVERRIDE_NAME = re.compile(r"\b[A-Za-z_]\w*")
 _COUNT_TOKENS = re.compile(r"\s*(?:([0-9]+)[ui]?|([A-Za-z_][A-Za-z0-9_]*)|([-+*/%()]))")
 _COUNT_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
               ast.FloorDiv: lambda a, b: int(a / b), ast.Mod: lambda a, b: int(math.fmod(a, b))}  # WGSL truncates
@@ -90,16 +91,24 @@ def _check_value(override: Override, value: int | float) -> None:
 def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -> None:
     """bad_args naming a var<workgroup> array whose size, with this
     constants set, is over MAX_WORKGROUP_ELEMENTS: checked before any
-    compile, for this set only (another set of the same kernel runs). A
-    size kem cannot read (a const's name, a function call) is left to the
-    compile worker's resource limits, as before."""
+    compile, for this set only (another set of the same kernel runs).
+    Counts may name overrides (given, or their defaults, expressions too)
+    and consts (replaced by wgsl_reflect); one kem cannot read (a function
+    call, a float) is left to the compile worker's resource limits."""
     if not shape.workgroup_vars:
         return
-    ints = tuple(sorted((k, v) for k, v in values.items() if type(v) is int))
+    known = {k: v for k, v in values.items() if type(v) is int}
+    for _ in range(len(shape.override_inits)):  # an override's default may name another's: WG / 2u
+        later = {name: _count(init, known) for name, init in shape.override_inits if name not in values and name not in known}
+        found = {name: number for name, number in later.items() if number is not None}
+        if not found:
+            break
+        known |= found
+    ints = tuple(sorted(known.items()))
     for name, type_text in shape.workgroup_vars:
         total, named = _elements(type_text, ints)
         if named and total > MAX_WORKGROUP_ELEMENTS:
-            given = ", ".join(f"{k} = {v}" for k, v in values.items() if re.search(rf"\b{k}\b", type_text))
+            given = ", ".join(f"{k} = {v}" for k, v in known.items() if re.search(rf"\b{k}\b", type_text))
             raise bad_args(f"constants: var<workgroup> {name}: {type_text} is {total} elements with {given}, "
                            f"over kem's limit of {MAX_WORKGROUP_ELEMENTS} elements a workgroup array")
 
@@ -116,7 +125,7 @@ def _elements(type_text: str, ints: tuple[tuple[str, int], ...]) -> tuple[int, b
         number = _count(count, values)
         if number is None:
             return 0, False
-        named = named or not count.strip().rstrip("ui").isdigit()
+        named = named or _OVERRIDE_NAME.search(count) is not None  # consts were replaced by their values (wgsl_reflect)
         total *= max(number, 1)
     return total, named
 

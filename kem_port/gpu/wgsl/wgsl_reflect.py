@@ -10,21 +10,14 @@ built; this module never decides whether WGSL is valid.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 
 import tree_sitter_wgsl_bevy
 from tree_sitter import Language, Node, Parser
 
-from kem_port.errors import KemError
-from kem_port.gpu.wgsl.wgsl_canonical import canonical
 from kem_port.gpu.wgsl.wgsl_layout import UniformSizes
-
-_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({_IDENT})\s*:\s*([^;]+);")
-_ALIAS = re.compile(rf"\balias\s+({_IDENT})\s*=\s*([^;]+);")
-MAX_ALIAS_STEPS = 16  # real kernels alias a type once or twice; a longer chain is left unread
+from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_vars
 
 
 @dataclass(frozen=True)
@@ -77,6 +70,7 @@ class KernelShape:
     # override, aliases followed: gpu/constants.py holds the sizes a
     # constants set gives to admission/limits.py's bound on literal ones.
     workgroup_vars: tuple[tuple[str, str], ...] = ()
+    override_inits: tuple[tuple[str, str], ...] = ()  # (name, initializer text) of overrides with one
 
     def compute_entries(self) -> str:
         """The @compute entry points' names, for an error that lists them (plain functions are not entry points)."""
@@ -253,28 +247,4 @@ def reflect(source: str) -> KernelShape:
             o = _override(node)
             if o is not None:
                 overrides.append(o)
-    return KernelShape(entries, tuple(bindings), tuple(overrides), _workgroup_vars(source) if overrides else ())
-
-
-def _workgroup_vars(source: str) -> tuple[tuple[str, str], ...]:
-    """Module-scope var<workgroup> declarations read on the canonical text
-    (comments blanked), as admission/zeroing.py reads them: tree-sitter's
-    grammar fails on a size like ``N * 2u``. An alias is followed up to
-    MAX_ALIAS_STEPS (a stranger's 50,000 chained aliases and as many
-    variables must not cost their product). What is not read here (text
-    the lexer refuses, a longer chain) is left to the compile worker's
-    resource limits, as before."""
-    try:
-        code = canonical(source)
-    except KemError:
-        return ()
-    aliases = {m.group(1): " ".join(m.group(2).split()) for m in _ALIAS.finditer(code)}
-    found = []
-    for m in _WORKGROUP_VAR.finditer(code):
-        text = " ".join(m.group(2).split())
-        for _ in range(MAX_ALIAS_STEPS):
-            if text not in aliases:
-                break
-            text = aliases[text]
-        found.append((m.group(1), text))
-    return tuple(found)
+    return KernelShape(entries, tuple(bindings), tuple(overrides), *(workgroup_vars(source) if overrides else ((), ())))
