@@ -18,18 +18,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from kem_port.errors import KemError
 from kem_port.wire import terms
 from kem_port.wire.batch_frames import encode_calls, split_replies
 from kem_port.wire.framing import HEADER, read_frame
 from kem_port.wire.group_frames import encode_group
 
 
-class PortError(Exception):
-    def __init__(self, reason: str, detail: str, step: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}" if step is None else f"{reason} at step {step}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.step = step  # a chain step's failure: its position, from 1
+# The port's {error, {Reason, Detail}} is the one error type of kem_port.api;
+# PortError is its older name here, kept for the imports that use it.
+PortError = KemError
 
 
 def plain(value: Any) -> Any:

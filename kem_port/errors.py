@@ -11,10 +11,11 @@ from __future__ import annotations
 class KemError(Exception):
     """A failure reported to the caller, never a crash of the port."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
+    def __init__(self, reason: str, detail: str, step: int | None = None) -> None:
+        super().__init__(f"{reason}: {detail}" if step is None else f"{reason} at step {step}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.step = step  # a chain step's failure: its position, from 1 (docs/sessions.md)
 
 
 def bad_args(detail: str) -> KemError:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kem_port.api import Runner
-from kem_port.api_named import run_named
+from kem_port.api.named import run_named
 from kem_port.errors import KemError
 from test_named_buffers import KERNELS
 

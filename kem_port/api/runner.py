@@ -1,14 +1,6 @@
-"""Run kem kernels from Python, no Erlang and no port process.
-
-The one obvious function is :func:`run` (in the spirit of wgpu-py's
-``compute_with_buffers``)::
-
-    import numpy as np
-    from kem_port import api
-
-    words = np.arange(1000, dtype=np.uint32)
-    doubled = api.run("double", words)          # numpy in, numpy out
-    assert (doubled == words * 2).all()
+"""The :class:`Runner`: one executor (one device, its compiled pipelines,
+its buffer pool) and the port's kernel resolver and admission guard, for
+running kernels in this process, no Erlang and no port process.
 
 A kernel is a path to a ``.wgsl`` file or a kernel id, resolved exactly as
 the port resolves it (``KEM_KERNEL_DIR``, the packaged examples, then
@@ -17,17 +9,12 @@ through the port's own checks (protocol.py) and every GPU step through the
 port's own :class:`~kem_port.gpu.executor.Executor`, so a kernel that runs here
 runs the same way in a node.
 
-Nothing GPU-side lives in a module global: a :class:`Runner` owns one
-executor (device, compiled pipelines, buffer pool). :func:`run` uses a
-default Runner made on first use; make your own to pick settings.
-
 Every kernel is admitted as the port admits it (admission/guard.py: the
 contract, structural limits, workgroup clearing, the first compile in the
 sacrificial worker), so one that would crash the shader compiler is
 ``kernel_rejected`` here too (``kem check`` died by SIGSEGV on 3,000 nested
 parentheses before issue 24). Refusals are remembered for the Runner's
-life only: a developer's machine should not decide for a node. Any kernel
-by named buffers: :func:`run_named` (api_named.py, docs/kernels.md).
+life only: a developer's machine should not decide for a node.
 """
 
 from __future__ import annotations
@@ -43,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from kem_port.config import Config
-from kem_port.api_gpu import GpuLayer, gpu_layer  # noqa: F401  (GpuLayer: part of the API's surface)
-from kem_port import api_named
-from kem_port.api_values import Input, Params, checked_call, file_kernel_id, input_bytes, params_bytes, shape_output
+from kem_port.api.gpu import gpu_layer
+from kem_port.api.values import Input, Params, checked_call, file_kernel_id, input_bytes, params_bytes, shape_output
 from kem_port.errors import KemError
 from kem_port.kernel_store import KernelResolver, KernelSource, default_stores, source_from_bytes
 from kem_port.wire.protocol import KernelCall
@@ -226,8 +212,9 @@ class Runner:
         dtype: Any = None,
         grid: tuple[int, int, int] | None = None,
         constants: Mapping[str, int | float] | None = None,
+        out_shape: Sequence[int] | None = None,
     ) -> np.ndarray | bytes:
-        """See :func:`run`."""
+        """See :func:`kem_port.api.run`."""
         self.timings = Timings()
         data = input_bytes(input)
         source = self.source(kernel)
@@ -237,64 +224,5 @@ class Runner:
         )
         self.compile(source, call)
         out = self.execute(source, call)
-        return shape_output(out, input, dtype)
+        return shape_output(out, input, dtype, out_shape)
 
-
-_default: Runner | None = None
-_default_lock = threading.Lock()
-
-
-def default_runner() -> Runner:
-    """The Runner :func:`run` uses, made (from the environment) on first use."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Runner()
-        return _default
-
-
-def run(
-    kernel: str | Path,
-    input: Input,
-    *,
-    output_size: int | None = None,
-    hint: int = 1,
-    params: Params = None,
-    workgroups: tuple[int, int, int] | None = None,
-    entry_point: str = "main",
-    dtype: Any = None,
-    grid: tuple[int, int, int] | None = None,
-    constants: Mapping[str, int | float] | None = None,
-) -> np.ndarray | bytes:
-    """Run a kem kernel once and return its output.
-
-    kernel: a path to a ``.wgsl`` file, or a kernel id (``"double"``, a name
-        in ``KEM_KERNEL_DIR``, or a 43-character Arweave ID, fetched and
-        verified under ``KEM_VERIFY``).
-    input: bytes-like, or a numpy array (its raw bytes, C order). Bound at
-        binding 0, zero-padded to whole 32-bit words.
-    output_size: exact output bytes; else ``len(input bytes) * hint``.
-    params: bytes, a numpy array, or a sequence of ints (packed as
-        little-endian u32 words); bound as the uniform at binding 2.
-    workgroups: ``(x, y, z)``, overriding kem's dispatch rule (docs/dispatch.md).
-    grid: ``(x, y, z)`` invocations; kem divides by the workgroup size,
-        rounding up (not with ``workgroups``).
-    constants: ``{name: number}`` for the kernel's ``override`` declarations
-        (docs/kernels.md).
-    entry_point: the ``@compute`` function to run.
-    dtype: return a numpy array of this dtype. Without it, a numpy input
-        gives a numpy output of the input's dtype, and bytes give bytes.
-
-    Raises :class:`kem_port.errors.KemError` (``.reason``, ``.detail``) with
-    the same reasons the port answers, e.g. ``shader_error``, ``bad_kernel``,
-    ``too_large``, ``kernel_not_found``, ``no_adapter``.
-    """
-    return default_runner().run(
-        kernel, input, output_size=output_size, hint=hint, params=params,
-        workgroups=workgroups, entry_point=entry_point, dtype=dtype, grid=grid, constants=constants,
-    )
-
-
-def run_named(kernel: str | Path, buffers: Mapping, outputs: Mapping | None = None, **options: Any) -> dict[str, np.ndarray]:
-    """Any kernel by named buffers, on the shared Runner: :func:`kem_port.api_named.run_named`."""
-    return api_named.run_named(kernel, buffers, outputs, runner=options.pop("runner", None) or default_runner(), **options)

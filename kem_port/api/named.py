@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from kem_port.api_values import input_bytes
+from kem_port.api.values import input_bytes
 from kem_port.errors import bad_args
 from kem_port.wire import terms
 from kem_port.wire.run_requests import read_run

@@ -46,15 +46,35 @@ def params_bytes(value: Params) -> bytes | None:
     return np.asarray(words, dtype="<u4").tobytes()
 
 
-def shape_output(out: bytes, input: Input, dtype: Any) -> np.ndarray | bytes:
+def shape_output(out: bytes, input: Input, dtype: Any = None, out_shape: Sequence[int] | None = None) -> np.ndarray | bytes:
+    """The output as the caller gave the input: bytes for bytes; for an
+    array, an array of ``dtype`` (default: the input's), shaped by
+    ``out_shape``, else like the input when it has the input's size and
+    dtype (an image in, an image out), else flat."""
     if dtype is None and isinstance(input, np.ndarray):
         dtype = input.dtype
-    if dtype is None:
+    if dtype is None and out_shape is None:
         return out
-    dt = np.dtype(dtype)
+    dt = np.dtype(np.uint8 if dtype is None else dtype)
     if len(out) % dt.itemsize:
         raise bad_args(f"output of {len(out)} bytes is not a whole number of {dt} items; pass dtype=np.uint8 or bytes")
-    return np.frombuffer(out, dtype=dt)
+    array = np.frombuffer(out, dtype=dt)
+    if out_shape is not None:
+        shape = tuple(operator.index(d) for d in out_shape)
+        if int(np.prod(shape, dtype=np.int64)) != array.size:
+            raise bad_args(f"out_shape {shape} holds {int(np.prod(shape, dtype=np.int64))} items; the output has {array.size} of {dt}")
+        return array.reshape(shape)
+    if isinstance(input, np.ndarray) and input.ndim > 1 and dt == input.dtype and array.size == input.size:
+        return array.reshape(input.shape)
+    return array
+
+
+def array_of(data: bytes, dtype: Any = None, shape: Sequence[int] | None = None) -> np.ndarray:
+    """Bytes read back as an array: ``dtype`` (default u8), reshaped when
+    ``shape`` is given (KemError bad_args when the sizes disagree)."""
+    out = shape_output(data, b"", np.uint8 if dtype is None else dtype, shape)
+    assert isinstance(out, np.ndarray)
+    return out
 
 
 def checked_call(config: Any, kernel_id: str, data: bytes, *, output_size: int | None, hint: int, params: bytes | None,
