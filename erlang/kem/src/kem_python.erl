@@ -4,11 +4,12 @@
 %%% rebar3's `git_subdir' keeps only `erlang/kem' of the repository, so the
 %%% Python package is not beside the beams. `install/0,1' creates a venv that
 %%% kem owns (app env `venv', default under the user's data dir) and pip
-%%% installs `kem_port' into it from a source pip understands (a git URL, a
-%%% path, a wheel):
+%%% installs `kem_port' into it, by default from the very commit the app was
+%%% checked out at (install/1 takes any source pip understands: a git URL, a
+%%% path, a wheel), saying what pip does as it goes and what it installed:
 %%%
 %%%   erl -noshell -pa _build/default/lib/kem/ebin \
-%%%       -eval 'kem_python:install("git+https://URL/OF/kem.git"), halt().'
+%%%       -eval 'ok = kem_python:install(), halt().'
 %%%
 %%% At start the app checks, once, which interpreter has `kem_port':
 %%% `KEM_PYTHON' or the app env `python' when set (only that one), else the
@@ -21,6 +22,8 @@
 
 -define(CHECK, "import importlib.util, sys; "
                "sys.exit(0 if importlib.util.find_spec('kem_port') else 3)").
+%% The installed distribution's version, for the success line.
+-define(VERSION, "import importlib.metadata as m; print(m.version('kem_port'))").
 
 %% @doc Install kem_port into kem's venv from the app env `python_source',
 %% else `KEM_PYTHON_SOURCE', else the git repository the app itself came
@@ -48,11 +51,45 @@ install(Source) ->
     Python = filename:join([Dir, "bin", "python"]),
     Base = os:getenv("KEM_SETUP_PYTHON", "python3"),
     case ensure_venv(Base, Dir, Python) of
-        ok ->
-            run(Python, ["-m", "pip", "install", "--disable-pip-version-check", "-q",
-                         "--upgrade", Source], pip_failed);
-        Error ->
-            Error
+        ok -> pip_install(Python, Source, Dir);
+        Error -> Error
+    end.
+
+%% pip's own lines are relayed as they come (without `-q', progress bars
+%% off): a fresh install resolves, downloads and builds wgpu, numpy and
+%% erlang-py for a minute or more, which was a minute of silence.
+-spec pip_install(string(), string(), string()) -> ok | {error, {atom(), binary()}}.
+pip_install(Python, Source, Dir) ->
+    logger:notice("kem_python: pip installing kem_port from ~ts into ~ts "
+                  "(a fresh venv takes a minute or two)", [Source, Dir]),
+    Started = erlang:monotonic_time(millisecond),
+    Args = ["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
+            "--upgrade", Source],
+    {ok, Cwd} = file:get_cwd(),
+    case run(Python, Args, pip_failed, Cwd, fun pip_line/1) of
+        ok -> installed(Python, Dir, Started);
+        Error -> Error
+    end.
+
+-spec pip_line(binary()) -> ok.
+pip_line(Line) ->
+    logger:notice("kem_python: pip: ~ts", [Line]).
+
+%% The success line: what was installed (kem_port's version), where, and
+%% the interpreter the ports will run; an error when pip finished without
+%% giving that interpreter kem_port (a source that is not kem).
+-spec installed(string(), string(), integer()) -> ok | {error, {pip_failed, binary()}}.
+installed(Python, Dir, Started) ->
+    Secs = (erlang:monotonic_time(millisecond) - Started) div 1000,
+    case run_output(Python, ["-c", ?VERSION], "/") of
+        {ok, Version} ->
+            logger:notice("kem_python: installed kem_port ~ts into ~ts in ~b s; ports will run ~ts",
+                          [string:trim(Version), Dir, Secs, Python]),
+            ok;
+        error ->
+            {error, {pip_failed, iolist_to_binary(
+                ["pip finished, but ", Python, " has no kem_port: give kem_python:install/1 "
+                 "kem's repository (a git URL or a checkout's path)"])}}
     end.
 
 %% @doc Find the interpreter that has kem_port, once; remembered for every
@@ -117,7 +154,7 @@ own_repository() ->
     Dir = filename:dirname(filename:absname(code:which(?MODULE))),
     case {os:find_executable("git"), find_up(Dir, ".git")} of
         {Git, Top} when is_list(Git), is_list(Top) ->
-            case run_output(Git, ["-C", Top, "rev-parse", "HEAD"]) of
+            case run_output(Git, ["-C", Top, "rev-parse", "HEAD"], Top) of
                 {ok, Rev} -> "git+file://" ++ Top ++ "@" ++ string:trim(Rev);
                 error -> false
             end;
@@ -170,10 +207,19 @@ not_found(Tried) ->
     end,
     Why = iolist_to_binary(
         ["no Python with the kem_port package; tried: ", lists:join("; ", Names),
-         ". Fix: run kem_python:install(\"<pip source of kem, e.g. git+URL>\") "
-         "(installs into ", venv_dir(), "), or set KEM_PYTHON to an interpreter "
-         "where `pip install kem_port' was done"]),
+         ". Fix: run ", install_advice(), " (installs kem_port into ", venv_dir(),
+         "), or set KEM_PYTHON to an interpreter where `pip install kem_port' was done"]),
     {error, {python_not_found, Why}}.
+
+%% install/0 needs no argument where kem came from git (a rebar3
+%% dependency, a checkout: it installs that very commit) or a source is
+%% set; only elsewhere must the user name one.
+-spec install_advice() -> string().
+install_advice() ->
+    case source() of
+        false -> "kem_python:install(\"<kem's git URL or checkout path>\")";
+        _ -> "kem_python:install()"
+    end.
 
 %% Run from "/": `python -c' puts the working directory on sys.path, and a
 %% node started in the checkout would find its kem_port sources there.
@@ -189,6 +235,7 @@ ensure_venv(Base, Dir, Python) ->
                     {error, {python_not_found, iolist_to_binary(
                         ["no ", Base, " to create ", Dir, " with (set KEM_SETUP_PYTHON)"])}};
                 Exe ->
+                    logger:notice("kem_python: creating a venv at ~ts with ~ts", [Dir, Exe]),
                     ok = filelib:ensure_dir(filename:join(Dir, "x")),
                     run(Exe, ["-m", "venv", Dir], venv_failed)
             end
@@ -200,20 +247,30 @@ run(Exe, Args, Tag) ->
     run(Exe, Args, Tag, Cwd).
 
 run(Exe, Args, Tag, Dir) ->
-    Port = open_port({spawn_executable, Exe},
-                     [{args, Args}, {cd, Dir}, exit_status, stderr_to_stdout, binary, hide]),
-    collect(Port, Tag, <<>>).
+    run(Exe, Args, Tag, Dir, fun(_) -> ok end).
 
-collect(Port, Tag, Acc) ->
+%% OnLine sees each whole output line as it comes (pip's progress).
+-spec run(string(), [string()], atom(), string(), fun((binary()) -> term())) -> ok | {error, {atom(), binary()}}.
+run(Exe, Args, Tag, Dir, OnLine) ->
+    Port = open_port({spawn_executable, Exe},
+                     [{args, Args}, {cd, Dir}, {line, 4096}, exit_status, stderr_to_stdout, binary, hide]),
+    collect(Port, Tag, OnLine, <<>>, <<>>).
+
+collect(Port, Tag, OnLine, Part, Acc) ->
     receive
-        {Port, {data, Data}} -> collect(Port, Tag, <<Acc/binary, Data/binary>>);
+        {Port, {data, {noeol, Data}}} ->
+            collect(Port, Tag, OnLine, <<Part/binary, Data/binary>>, Acc);
+        {Port, {data, {eol, Data}}} ->
+            Line = <<Part/binary, Data/binary>>,
+            _ = [OnLine(Line) || string:trim(Line) =/= <<>>],
+            collect(Port, Tag, OnLine, <<>>, tail(<<Acc/binary, Line/binary, "\n">>));
         {Port, {exit_status, 0}} -> ok;
         {Port, {exit_status, Status}} ->
-            {error, {Tag, iolist_to_binary(io_lib:format("exit ~b: ~s", [Status, tail(Acc)]))}}
+            {error, {Tag, iolist_to_binary(io_lib:format("exit ~b: ~s", [Status, tail(<<Acc/binary, Part/binary>>)]))}}
     end.
 
-run_output(Exe, Args) ->
-    Port = open_port({spawn_executable, Exe}, [{args, Args}, exit_status, binary, hide]),
+run_output(Exe, Args, Dir) ->
+    Port = open_port({spawn_executable, Exe}, [{args, Args}, {cd, Dir}, exit_status, stderr_to_stdout, binary, hide]),
     case collect_output(Port, <<>>) of
         {0, Out} -> {ok, binary_to_list(Out)};
         _ -> error
