@@ -97,6 +97,18 @@ def test_errors_name_the_commands_flags_in_plain_words(tmp_path, case, flag):
     assert not ERLANG_OR_PYTHON.search(line), line
 
 
+@pytest.mark.parametrize("extra, flags", [(["--debug"], "--debug"), (["--params", "4", "--hint", "2"], "--params, --hint")])
+def test_plain_call_options_by_named_buffers_are_refused_not_ignored(tmp_path, extra, flags):
+    """BEFORE: --debug (and --params, --hint...) by named buffers were
+    ignored: the run went on without them and exited 0."""
+    (tmp_path / "add.wgsl").write_text(KERNELS["add"])
+    done = kem(tmp_path, "run", str(tmp_path / "add.wgsl"), "--buffer", "a=random:16", "--buffer", "b=random:16",
+               "--out", "c=16", "--grid", "4", "-o", str(tmp_path / "c.bin"), *extra)
+    assert done.returncode == 2, done
+    assert f"kem run: error: {flags}: only for a call with --input/--hex/--random" in done.stderr.decode()
+    assert not (tmp_path / "c.bin").exists()
+
+
 def test_cli_words_maps_each_erlang_phrase():
     """The mapping itself, on the port's phrasings that have no easy road
     from the command (an unknown option key arrives as an atom)."""

@@ -10,6 +10,11 @@ from kem_port.cli.console import CliError, Console
 from kem_port.errors import KemError
 
 
+# Options of the plain call that a call by named buffers has no place for.
+_PLAIN_ONLY = (("debug", "--debug"), ("params", "--params"), ("params_hex", "--params-hex"),
+               ("output_size", "--output-size"), ("png", "--png"), ("raw", "--raw"))
+
+
 def add_parser(sub) -> None:
     parser = sub.add_parser(
         "run",
@@ -56,6 +61,11 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     if args.buffer or args.out:  # any kernel by named buffers (run_named.py)
         if args.input is not None or args.hex is not None or args.random is not None:
             args.usage_error("give the input as --input/--hex/--random, or the buffers by name (--buffer/--out), not both")
+        # Said, not ignored: --debug by named buffers ran without its channel and exited 0.
+        unused = [flag for attr, flag in _PLAIN_ONLY if getattr(args, attr)] + (["--hint"] if args.hint != 1 else [])
+        if unused:
+            args.usage_error(f"{', '.join(unused)}: only for a call with --input/--hex/--random; by named buffers a "
+                             "uniform is a --buffer NAME=..., an output's size an --out NAME=BYTES, and no debug channel is bound")
         return run_named.handle(args, console)
     if args.input is None and args.hex is None and args.random is None:
         args.usage_error("give an input (--input, --hex or --random), or buffers by name (--buffer NAME=..., --out NAME=BYTES)")
