@@ -135,3 +135,13 @@ def test_health_and_adapters_answer_like_the_port(port):
     assert here["usable"] is True and here["kind"] in ("gpu", "cpu", "other")
     listing = api.adapters()
     assert listing["kem_picks"] is not None and listing["adapters"][listing["kem_picks"]]["name"] == here["adapter"]
+
+
+def test_a_session_without_a_port_uses_the_shared_local_port(rng):
+    data = rng.integers(0, 2**32, size=(5, 7), dtype=np.uint32)
+    with api.Session() as s:
+        s.put("grid", data)
+        np.testing.assert_array_equal(s.read("grid"), data)
+        assert s.port is api.local_port()
+    with api.Session() as again:  # the same process serves the next session
+        assert again.port is s.port and again.buffers() == {}
