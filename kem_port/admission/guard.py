@@ -84,7 +84,7 @@ class CompileGuard:
         # entry points and shapes: a chain names any entry point, and a copy
         # each grew the port by the kernel's size per name (1 MiB kernel:
         # ~4-6 MB an admission, issue 24's third red team).
-        self._texts: dict[tuple[str, bool, bool], str] = {}  # (sha256, cleared, for sessions: not metered)
+        self._texts: dict[tuple[str, bool, bool], str] = {}  # (sha256, cleared, its gas form: sessions have none yet)
         self._slot = WorkerSlot(settings, lambda seconds: self._time("compile_worker_open", seconds))
         self._lock = threading.Lock()  # one compile at a time: one worker
         self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
@@ -148,9 +148,9 @@ class CompileGuard:
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
-        text = self._texts.get(tkey := (source.sha256, clear, shape == SESSION))
+        text = self._texts.get(tkey := (source.sha256, clear, shape != SESSION and gas_form(source.text).metered))
         if text is None:
-            text = compiled_text(source.text, clear, shape != SESSION)
+            text = compiled_text(source.text, clear, tkey[2])
         if shape == SESSION:
             request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
             if len(key) > 3:
@@ -173,7 +173,7 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=self._texts.setdefault(tkey, text), metered=None if shape == SESSION else gas_form(source.text).metered)
+        admitted = replace(source, text=self._texts.setdefault(tkey, text), metered=None if shape == SESSION else tkey[2])
         self._admissions.put(key, admitted)
         self._count("kernels_admitted")
         return admitted
