@@ -90,7 +90,8 @@ def test_debug_mode_on_a_kernel_without_the_channel(debug_port, rng):
     data = rng.integers(0, 256, 4097, dtype=np.uint8).tobytes()
     out, debug = debug_call(debug_port, b"double", data)
     assert out == __import__("reference").double(data, len(data))
-    assert debug == {"records": [], "dropped": 0, "capacity": RECORDS}
+    # and its gas (docs/metering.md): no loop, so the invocations it launched
+    assert debug == {"records": [], "dropped": 0, "capacity": RECORDS, "gas": -(-(-(-len(data) // 4)) // 256) * 256}  # words, workgroups of 256
 
 
 def test_debug_must_be_a_boolean(debug_port):

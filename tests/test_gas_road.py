@@ -13,7 +13,7 @@ import pytest
 
 import reference
 from conftest import start_port
-from kem_port.client import PortError
+from kem_port.client import PortError, plain
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu.calls import Job, KernelCall
@@ -129,6 +129,8 @@ def test_through_the_port_a_runaway_ends_by_budget_and_the_port_goes_on(tmp_path
         with pytest.raises(PortError) as caught:
             port.call("execute", b"runaway", bytes(256), {"output_size": 256, "gas_limit": 6400})
         assert caught.value.reason == "gas_exhausted" and "of limit 6400" in caught.value.detail
+        _, debug = port.call("execute", b"looping", data.tobytes(), {"output_size": 256, "debug": True})
+        assert plain(debug)["gas"] == 64 + int(np.sum(data % 17))  # a call's gas, read through debug mode
         started = time.perf_counter()
         assert port.call("execute", b"looping", data.tobytes(), {"output_size": 256}) == expected(data)
         print(f"next call after a runaway: {(time.perf_counter() - started) * 1e3:.1f} ms")

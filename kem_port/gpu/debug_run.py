@@ -16,6 +16,7 @@ import struct
 import wgpu
 
 from kem_port.gpu import contract, gas_meter
+from kem_port.gpu.wgsl import wgsl_gas
 from kem_port.gpu.calls import Job
 from kem_port.transfer.file_inputs import FILE_INPUTS, FileInput, FileParts
 from kem_port.gpu.executor import Executor
@@ -41,7 +42,8 @@ def _input_bytes(data: bytes | memoryview | FileInput | FileParts) -> bytes | me
 
 def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     """Run job's call with the debug channel; return (output, debug) where
-    debug is ``{"records": [u32...], "dropped": n, "capacity": RECORDS}``."""
+    debug is ``{"records": [u32...], "dropped": n, "capacity": RECORDS,
+    "gas": g}`` (the call's gas, docs/metering.md: a way to read it today)."""
     call, device = job.call, executor.gpu.require()
     # The checks, compile and dispatch any call gets (limits, explicit workgroups' bound).
     item = prepare(job, executor.gpu, executor.pipelines)
@@ -66,10 +68,11 @@ def run_debug(executor: Executor, job: Job) -> tuple[bytes, dict]:
     compute.dispatch_workgroups(*groups)
     compute.end()
     device.queue.submit([encoder.finish()])
+    gas = gas_meter.invocations(pipeline.entry, groups)  # a kernel without a loop: what it launched
     if meter is not None:
-        gas_meter.check(memoryview(device.queue.read_buffer(meter)), item.gas)
+        gas = gas_meter.check(memoryview(device.queue.read_buffer(meter)), item.gas)
     result = bytes(device.queue.read_buffer(outputs)[: call.output_size])
-    return result, decode_records(bytes(device.queue.read_buffer(debug)))
+    return result, decode_records(bytes(device.queue.read_buffer(debug))) | {"gas": gas}
 
 
 def _bind_gas(device, compute, pipeline, slot: gas_meter.GasSlot | None):
@@ -79,8 +82,9 @@ def _bind_gas(device, compute, pipeline, slot: gas_meter.GasSlot | None):
     usage = wgpu.BufferUsage
     cap = device.create_buffer_with_data(data=slot.cap.to_bytes(4, "little") + bytes(12), usage=usage.UNIFORM)
     meter = device.create_buffer_with_data(data=bytes(16), usage=usage.STORAGE | usage.COPY_SRC)
-    compute.set_bind_group(1, device.create_bind_group(layout=pipeline.gas_layout, entries=[
-        {"binding": 0, "resource": {"buffer": cap}}, {"binding": 1, "resource": {"buffer": meter}}]))
+    compute.set_bind_group(wgsl_gas.GROUP, device.create_bind_group(layout=pipeline.gas_layout, entries=[
+        {"binding": wgsl_gas.CAP_BINDING, "resource": {"buffer": cap}},
+        {"binding": wgsl_gas.METER_BINDING, "resource": {"buffer": meter}}]))
     return meter
 
 
