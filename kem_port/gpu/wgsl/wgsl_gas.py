@@ -1,60 +1,43 @@
 """Gas: a kernel's canonical text with every loop counted and capped.
 
 WGSL has no recursion (naga refuses a cycle in the call graph), so an
-invocation runs long only through ``loop``, ``for`` and ``while``, which
-are reserved words: every such token in the canonical token stream
-(gpu/wgsl/wgsl_canonical.py, the one text kem compiles) gets a tick at the
-start of its body, right after the body's ``{`` (a loop header holds no
-brace: WGSL expressions have none). The transform counts the ticks it
-placed against the loop tokens and refuses the kernel (``bad_kernel``,
-"line:col") when they differ or a loop keyword has no body brace: it never
-hands on a loop it did not account for.
+invocation runs long only through ``loop``, ``for`` and ``while``, reserved
+words: each such token of the canonical text (gpu/wgsl/wgsl_canonical.py,
+the one text kem compiles) gets a tick right after its body's ``{`` (a loop
+header holds no brace). The ticks placed are counted against the loop
+tokens, and a kernel is refused (``bad_kernel``, "line:col") when they
+differ or a loop has no body brace: no loop is handed on unaccounted.
 
-A tick adds one to a per-invocation counter ``kem_gas_n`` (var<private>)
-and breaks out of its loop when the count passes the per-invocation cap
-the host binds (``kem_gas_cap.x``, a var<uniform>). An inner loop that
-breaks leaves the outer loop's next tick to break it too, so every level
-exits within a tick; between ticks runs only straight-line code, so an
-invocation's work is bounded by (cap + nesting) times its code's size.
-At every ``@compute`` entry point's ``return`` and at its end (one form
-per kernel, whichever entry point a call names) the invocation adds
-its count to the meter (var<storage, read_write>, atomics: the 64-bit
-total as low and high words with a carry, and a "ran out" word set when
-its count passed the cap). The host reads the meter back with the outputs
-(docs/metering.md defines gas from it).
+A tick adds one to ``kem_gas_n`` (var<private>) and breaks out of its loop
+when the count passes the cap the host binds (``kem_gas_cap.x``, uniform).
+An inner loop that breaks leaves the outer loop's next tick to break it,
+so an invocation's work is bounded by (cap + nesting) times its code's
+size. At every ``@compute`` entry point's ``return`` and end the invocation
+adds its count to the meter (atomics: a 64-bit total as low and high words
+with a carry, and a "ran out" word), read back with the outputs.
 
-Uniformity. A loop whose body reaches a barrier (workgroupBarrier,
-storageBarrier, textureBarrier, workgroupUniformLoad: in the body or in a
-function the body calls, at any depth) must break in workgroup-uniform
-control flow, else some invocations wait at a barrier the others left.
-Tried on wgpu 0.32 (naga) with lavapipe: naga accepts a barrier in a loop
-that breaks on a private counter, on a builtin, on anything; it does not
-enforce WGSL's uniformity rule for barriers, so its acceptance proves
-nothing and the transform must be uniform by construction. A per-invocation
-count is not uniform (invocations loop different numbers of times before
-they reach the barrier loop), so such a loop breaks on a second counter,
-``kem_gas_u`` (var<private>), ticked only by barrier loops: the WGSL spec
-requires a barrier's loop to run in uniform control flow with a uniform
-trip count, so every invocation of a workgroup ticks it the same number of
-times and the break is uniform. It still ticks ``kem_gas_n`` (the gas), and
+Uniformity (docs/metering.md has the trials). A loop whose body reaches a
+barrier (workgroupBarrier, storageBarrier, textureBarrier,
+workgroupUniformLoad, directly or through a called function) must break in
+workgroup-uniform control flow, and naga (wgpu 0.32) does not enforce it,
+so such a loop breaks on ``kem_gas_u``, a second private counter ticked
+only by barrier loops, which the WGSL spec makes run the same number of
+times in every invocation of a workgroup. It ticks ``kem_gas_n`` too, and
 ``kem_gas_u <= kem_gas_n``, so "ran out" is still ``kem_gas_n > cap``.
-Rejected: ``workgroupUniformLoad`` of a workgroup flag (uniform whatever
-the kernel does, but a barrier per iteration) and a function-local counter
-(resets at each call: a barrier loop in a helper called from a barrier loop
-could run cap^2 times). kem reserves the barrier builtins' names (a kernel
-that declares one is refused: its own function of that name would be read
-as a barrier) and a barrier function's name (a local of that name would be
-read as a call).
+kem reserves the barrier builtins' names and a barrier function's name.
 
-The meter binds at ``@group(1)``: kem's contract (gpu/contract.py) binds a
-kernel at group 0 only and refuses any other group, so group 1 cannot
-collide; the transform refuses a kernel that declares a group >= 1 all the
-same. Every injected name starts with ``kem_gas_``; a kernel with any token
-of that prefix is refused. Injected code goes on the lines it belongs to
-(ticks after a ``{``, flushes before a ``return``) and the declarations
-after the kernel's last line, so naga's line numbers still point into the
-author's file. A kernel without a loop token is returned unchanged and
-unmetered: its gas is its invocations, counted by the host.
+The meter's bind group is a parameter. The execute road (``group=None``)
+binds it at ``@group(1)``: kem's contract (gpu/contract.py) binds kernels
+at group 0 only, and the transform refuses any other group there all the
+same. Named-buffer runs, sessions and chains bind a kernel's own layout in
+any of WebGPU's four groups, so they take ``gas_group``: the lowest group
+no binding of the kernel declares (one form per kernel, whichever entry
+point runs); a looping kernel that declares all four is refused
+(docs/metering.md says why the meter does not share a group). Injected
+names start with ``kem_gas_`` (a kernel using the prefix is refused);
+injected code goes on the lines it belongs to and the declarations after
+the kernel's last line, so naga's line numbers point into the author's
+file. A kernel without a loop token is returned unchanged and unmetered.
 """
 
 from __future__ import annotations
@@ -67,7 +50,8 @@ from kem_port.gpu.wgsl.wgsl_canonical import names_declared_in, position, tokens
 from kem_port.gpu.wgsl.wgsl_reflect import parse_int_literal
 
 PREFIX = "kem_gas_"
-GROUP = 1  # the meter's bind group: kem binds kernels at group 0 only
+GROUP = 1  # the execute road's meter group: kem binds kernels there at group 0 only
+MAX_GROUPS = 4  # WebGPU's maxBindGroups default, which kem requests
 CAP_BINDING, METER_BINDING = 0, 1
 CAP_BYTES = 16  # vec4<u32>: x is the cap (a uniform binding is 16 bytes at least)
 METER_BYTES = 16  # [low, high, ran out, unused] u32 words
@@ -85,9 +69,9 @@ INJECTED = frozenset(("min", "atomicAdd", "atomicMax", "u32", "vec4", "array", "
 _TICK = "kem_gas_n = min(kem_gas_n, 4294967294u) + 1u; if (kem_gas_n > kem_gas_cap.x) { break; } "
 _UNIFORM_TICK = "kem_gas_n = min(kem_gas_n, 4294967294u) + 1u; kem_gas_u += 1u; if (kem_gas_u > kem_gas_cap.x) { break; } "
 _FLUSH = "kem_gas_flush(); "
-_DECLARATIONS = f"""
-@group({GROUP}) @binding({CAP_BINDING}) var<uniform> kem_gas_cap: vec4<u32>;
-@group({GROUP}) @binding({METER_BINDING}) var<storage, read_write> kem_gas_meter: array<atomic<u32>, 4>;
+_DECLARATIONS = """
+@group({group}) @binding({cap}) var<uniform> kem_gas_cap: vec4<u32>;
+@group({group}) @binding({meter}) var<storage, read_write> kem_gas_meter: array<atomic<u32>, 4>;
 var<private> kem_gas_n: u32;
 var<private> kem_gas_u: u32;
 fn kem_gas_flush() {{
@@ -104,9 +88,10 @@ fn kem_gas_flush() {{
 @dataclass(frozen=True)
 class GasForm:
     text: str  # what is compiled
-    metered: bool  # the host binds the cap and meter at GROUP (False: no loop, text unchanged)
+    metered: bool  # the host binds the cap and meter at group (False: no loop, text unchanged)
     loops: int = 0  # loop statements ticked
     uniform_loops: int = 0  # of which reach a barrier (tick kem_gas_u)
+    group: int = GROUP  # the meter's bind group (cap at CAP_BINDING, meter at METER_BINDING)
 
 
 @dataclass(frozen=True)
@@ -116,24 +101,42 @@ class _Function:
     close: int  # token index of its '}'
 
 
-def gas_form(text: str) -> GasForm:
+def gas_form(text: str, group: int | None = None) -> GasForm:
     """text (canonical) with every loop ticked and every @compute entry
     point's exits flushed (one form per kernel, whichever entry a call
-    names: kem keeps one admitted text per kernel); KemError
+    names: kem keeps one admitted text per kernel), its meter at ``group``
+    (None: the execute road's GROUP, the kernel at group 0 only); KemError
     ``bad_kernel`` for anything the transform cannot account for. Cached:
     the same text is transformed once."""
-    return _gas_form(text)
+    return _gas_form(text, group)
+
+
+def named_gas_form(text: str) -> GasForm:
+    """gas_form at gas_group(text): kernels bound by their own layout (named buffers, sessions, chains)."""
+    return _gas_form(text, gas_group(text))
 
 
 @lru_cache(maxsize=64)
-def _gas_form(text: str) -> GasForm:
+def gas_group(text: str) -> int:
+    """The lowest bind group (0-3) no binding of text declares, in any entry
+    point; MAX_GROUPS when all four are (gas_form refuses it with a loop)."""
+    values = [value for _, value, _ in tokens(text)]
+    taken = {_group_at(values, i) for i in range(1, len(values)) if values[i] == "group" and values[i - 1] == "@"}
+    return next((g for g in range(MAX_GROUPS) if g not in taken), MAX_GROUPS)
+
+
+@lru_cache(maxsize=64)
+def _gas_form(text: str, group: int | None) -> GasForm:
     toks = list(tokens(text))
     values = [value for _, value, _ in toks]
-    _check_names(text, toks, values, False)  # every kernel: only a gas form has kem's names
+    _check_names(text, toks, values, False, group)  # every kernel: only a gas form has kem's names
     loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS]
     if not loop_at:
         return GasForm(text, False)
-    _check_names(text, toks, values, True)
+    if group is not None and not 0 <= group < MAX_GROUPS:
+        raise _refuse(text, toks[loop_at[0]][2], f"a kernel with a loop needs a bind group for kem's gas meter; this one "
+                                                 f"declares all of WebGPU's {MAX_GROUPS} (0-{MAX_GROUPS - 1}): free one")
+    _check_names(text, toks, values, True, group)
     functions, entries = _functions(text, toks, values)
     barrier_fns = _barrier_functions(values, functions)
     _check_shadowing(text, toks, values, barrier_fns)
@@ -148,12 +151,14 @@ def _gas_form(text: str) -> GasForm:
         raise KemError("bad_kernel", f"{len(loop_at)} loop keywords, {len(inserts)} ticked")
     for name in entries:
         inserts += _flushes(toks, values, functions[name])
-    return GasForm(_apply(text, inserts) + _DECLARATIONS, True, len(loop_at), uniform)
+    at = GROUP if group is None else group
+    declarations = _DECLARATIONS.format(group=at, cap=CAP_BINDING, meter=METER_BINDING)
+    return GasForm(_apply(text, inserts) + declarations, True, len(loop_at), uniform, at)
 
 
 def metered(shape) -> bool:
     """Whether a reflected text (wgsl_reflect.KernelShape) is a metered gas form: it binds the meter."""
-    return any(b.group == GROUP and b.name.startswith(PREFIX) for b in shape.bindings)
+    return any(b.name.startswith(PREFIX) for b in shape.bindings)
 
 
 def _refuse(text: str, offset: int, why: str) -> KemError:
@@ -161,18 +166,27 @@ def _refuse(text: str, offset: int, why: str) -> KemError:
     return KemError("bad_kernel", f"{line}:{column}: {why}")
 
 
-def _check_names(text: str, toks: list, values: list[str], groups: bool) -> None:
-    """No token of kem's prefix; with groups, no group but 0 (the meter's
-    is GROUP; a loop-free kernel is not metered, and sessions bind more groups)."""
+def _check_names(text: str, toks: list, values: list[str], groups: bool, group: int | None) -> None:
+    """No token of kem's prefix; with groups, every group a literal and none
+    the meter's (the execute road, group None: none but 0)."""
     for i, value in enumerate(values):
         if not groups and value.startswith(PREFIX):
             raise _refuse(text, toks[i][2], f"{value}: names starting {PREFIX} are kem's (gas metering)")
-        if groups and value == "group" and i > 0 and values[i - 1] == "@" and not _is_zero(values[i + 1 : i + 3]):
+        if not groups or value != "group" or i == 0 or values[i - 1] != "@":
+            continue
+        declared = _group_at(values, i)
+        if group is None and declared != 0:
             raise _refuse(text, toks[i][2], f"kem binds kernels at @group(0) only (the gas meter is @group({GROUP}))")
+        if declared is None or declared == group:
+            raise _refuse(text, toks[i][2], f"a kernel with a loop names its groups by integer literals, none of them "
+                                            f"the gas meter's @group({group})")
 
 
-def _is_zero(pair: list[str]) -> bool:
-    return len(pair) == 2 and pair[0] == "(" and parse_int_literal(pair[1]) == 0
+def _group_at(values: list[str], i: int) -> int | None:
+    """The literal N of the ``@group(N)`` whose ``group`` token is at i, else None."""
+    if values[i + 1 : i + 2] != ["("] or values[i + 3 : i + 4] != [")"]:
+        return None
+    return parse_int_literal(values[i + 2])
 
 
 def _functions(text: str, toks: list, values: list[str]) -> tuple[dict[str, _Function], list[str]]:
