@@ -6,6 +6,15 @@ is not ours with mode 0700 (the usual case under a service manager or in a
 container). The port gives itself one before any driver is loaded: the
 inherited one when it is valid, else ``kem-runtime-<uid>`` under the
 temporary directory, created 0700 and reused by every port of this user.
+
+That shared name is checked without following a link: the temporary
+directory is everyone's, so another user can plant ``kem-runtime-<uid>``
+first, as a symlink to a directory of ours with mode 0700 (``~/.ssh``)
+that passes the owner and mode checks, and re-point it later at a
+directory of theirs. The warm process's socket lives here (docs/cli.md),
+so a client would then hand a stranger's process its argv and its three
+standard streams. A real directory that we own cannot be swapped by
+another user in a sticky /tmp.
 """
 
 from __future__ import annotations
@@ -15,12 +24,13 @@ import stat
 import tempfile
 
 
-def usable(path: str | None) -> bool:
-    """What Mesa checks: a directory owned by us with mode 0700."""
+def usable(path: str | None, follow: bool = True) -> bool:
+    """What Mesa checks: a directory owned by us with mode 0700 (``follow``
+    False: the path itself, not a link's target)."""
     if not path:
         return False
     try:
-        info = os.stat(path)
+        info = os.stat(path) if follow else os.lstat(path)
     except OSError:
         return False
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
@@ -38,7 +48,7 @@ def ensure(env: dict[str, str] | None = None) -> str:
         os.mkdir(private, 0o700)
     except FileExistsError:
         pass
-    if not usable(private):  # someone else's, or loosened: make a fresh one
+    if not usable(private, follow=False):  # someone else's, a link, or loosened: make a fresh one
         private = tempfile.mkdtemp(prefix="kem-runtime-")
     target["XDG_RUNTIME_DIR"] = private
     return private

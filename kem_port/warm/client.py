@@ -2,8 +2,9 @@
 settings (or start it), hand it the command and the three standard streams,
 and return its exit code.
 
-One process per key: the kem version, the Python executable, every
-``KEM_*`` variable and the newest modification time of kem_port's sources
+One process per key: the kem version, the Python executable, kem_port's
+directory, every ``KEM_*`` variable and the other variables that change a
+command (KEY_PREFIXES, KEY_NAMES), and the newest modification time of kem_port's sources
 (an edited checkout gets a fresh process, never yesterday's code). The
 socket lives in the runtime directory the port uses (mode 0700, ours:
 port/runtime_dir.py), and the server checks the peer's uid as well.
@@ -31,14 +32,25 @@ START_TIMEOUT_S = 60.0  # a cold start measured 4-6 s on the loaded 2-core dev m
 STREAMS = (0, 1, 2)
 
 
+# The environment a command's result depends on besides KEM_*: the warm
+# process keeps the environment of the command that started it, so a
+# variable missing from the key would let one shell's value serve another's
+# commands. XDG_CACHE_HOME and HOME place the kernel cache (config.py's
+# cache_dir default); VK_*, MESA_*, LP_* and WGPU_* choose the Vulkan
+# driver, adapter and lavapipe's threads; PYTHONPATH which kem_port and
+# wgpu are imported.
+KEY_PREFIXES = ("KEM_", "VK_", "MESA_", "LP_", "WGPU_")
+KEY_NAMES = ("HOME", "XDG_CACHE_HOME", "PYTHONPATH", "LD_LIBRARY_PATH")
+
+
 def key() -> str:
     """What the warm process must share with this command to run it."""
     import kem_port
 
     package = Path(kem_port.__file__).resolve().parent
     newest = max(p.stat().st_mtime_ns for p in package.rglob("*.py"))
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("KEM_"))
-    blob = json.dumps([kem_port.__version__, sys.executable, env, newest, os.getuid()])
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(KEY_PREFIXES) or k in KEY_NAMES)
+    blob = json.dumps([kem_port.__version__, sys.executable, str(package), env, newest, os.getuid()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
