@@ -266,12 +266,7 @@ checked_call(Method, Args, Timeout) ->
         false -> kem_cluster:forward(Method, Args, Timeout)
     end,
     WallUs = erlang:monotonic_time(microsecond) - Start,
-    {KernelId, BytesIn} = kernel_and_input(Args),
-    BytesOut = reply_bytes(Reply),
-    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
-    ok = kem_dashboard_stats:call_done(KernelId, Reply, WallUs),
-    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut,
-              us => WallUs, clock => wall, node => Node}}.
+    {Reply, done(Method, kem_usage:of_call(Args, Reply, WallUs, Node), Reply)}.
 
 %% @doc Run Method/Args on this node's ports only (a call forwarded here:
 %% its arguments were checked where it was made).
@@ -290,7 +285,7 @@ port_call(Method, Args, Timeout) ->
     Kernel = kernel_of(Method, Args),
     case quarantine_check(Kernel) of
         ok ->
-            {KernelId, _} = kernel_and_input(Args),
+            {KernelId, _} = kem_usage:kernel_and_input(Args),
             case kem_place:pick(KernelId) of
                 {ok, I, Port} ->
                     Start = erlang:monotonic_time(microsecond),
@@ -340,11 +335,13 @@ counted(Method, KernelId, Input, Run) ->
     Reply = Run(),
     WallUs = erlang:monotonic_time(microsecond) - Start,
     BytesIn = case is_binary(Input) of true -> byte_size(Input); false -> 0 end,
-    BytesOut = reply_bytes(Reply),
-    ok = kem_metrics:call_done(Method, Reply, WallUs, {BytesIn, BytesOut}),
+    {Reply, done(Method, kem_usage:of_input(KernelId, BytesIn, Reply, WallUs, node()), Reply)}.
+
+%% Count a call that ran in kem_metrics (by method) and the dashboard; its usage record.
+done(Method, Usage = #{kernel_id := KernelId, bytes_in := In, bytes_out := Out, us := WallUs}, Reply) ->
+    ok = kem_metrics:call_done(Method, Reply, WallUs, {In, Out}),
     ok = kem_dashboard_stats:call_done(KernelId, Reply, WallUs),
-    {Reply, #{kernel_id => KernelId, bytes_in => BytesIn, bytes_out => BytesOut, us => WallUs, clock => wall,
-              node => node()}}.
+    Usage.
 
 %% Run Fun once every check is ok; else the first check's error.
 guarded([], Fun) -> Fun();
@@ -363,21 +360,7 @@ kernel_id(_) -> none.
 usage_kernel(Id) when is_binary(Id) -> Id;
 usage_kernel(_) -> undefined.
 
-no_usage() ->
-    #{kernel_id => undefined, bytes_in => 0, bytes_out => 0, us => 0, clock => wall, node => node()}.
-
-kernel_and_input({K, Buffers, _Opts}) when is_binary(K), is_map(Buffers) ->  % run: named buffers
-    {K, lists:sum([byte_size(B) || B <- maps:values(Buffers), is_binary(B)])};
-kernel_and_input(Args) when tuple_size(Args) >= 2,
-                            is_binary(element(1, Args)), is_binary(element(2, Args)) ->
-    {element(1, Args), byte_size(element(2, Args))};
-kernel_and_input(_) ->
-    {undefined, 0}.
-
-%% A result's bytes: a binary, or a map of them (run's named buffers, a chain's return).
-reply_bytes({ok, Bin}) when is_binary(Bin) -> byte_size(Bin);
-reply_bytes({ok, Named}) when is_map(Named) -> lists:sum([byte_size(B) || B <- maps:values(Named), is_binary(B)]);
-reply_bytes(_) -> 0.
+no_usage() -> kem_usage:none().
 
 kernel_of(Method, Args) ->
     case lists:member(Method, ?KERNEL_METHODS) of
