@@ -66,3 +66,77 @@ def test_warm_key_separates_environments_that_change_a_command(name, monkeypatch
     assert client.key() != first
     monkeypatch.setenv(name, "/one")
     assert client.key() == first  # and the same shell finds its process again
+
+
+def _start_warm(folder, env):
+    import subprocess
+    import sys
+    import time
+
+    sock = folder / "kem-warm-red.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "kem_port.warm", str(sock), "120"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 90
+    while not sock.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    assert sock.exists()
+    return proc, sock
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe\x00", b"[" * 100_000, b'{"argv": ["run"], "cwd": "/", "umask": "x"'])
+def test_a_malformed_warm_request_does_not_end_the_warm_process(tmp_path, body):
+    """A request the warm process cannot read (not JSON, not UTF-8, nested
+    past the parser's recursion limit) is dropped; before, its exception
+    left the accept loop and ended the process (every later --warm command
+    paid a cold start again)."""
+    import socket
+    from pathlib import Path
+
+    from kem_port.warm import client
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    (tmp_path / "ok.wgsl").write_text(
+        "@group(0) @binding(0) var<storage, read> i: array<u32>;\n"
+        "@group(0) @binding(1) var<storage, read_write> o: array<u32>;\n"
+        "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+        "  if (g.x < arrayLength(&o)) { o[g.x] = i[g.x] * 3u + 1u; } }\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "KEM_KERNEL_DIR": str(tmp_path / "kernels")}
+    proc, path = _start_warm(folder, env)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(path))
+            socket.send_fds(sock, [client.HEADER.pack(len(body)) + body], [0, 1, 2])
+            sock.settimeout(60)
+            assert sock.recv(100) == b""  # dropped, no answer
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        sock = client.connect(path)
+        assert sock is not None
+        with sock, open(tmp_path / "err.txt", "wb") as err:
+            code, pid = _ask_with_stderr(sock, err, {"argv": ["run", "ok.wgsl", "--hex", "0500000007000000", "-o", "out.bin"],
+                                                   "cwd": str(tmp_path), "umask": 0o077})
+        assert (code, pid) == (0, proc.pid), (tmp_path / "err.txt").read_text()
+        assert (tmp_path / "out.bin").read_bytes() == bytes.fromhex("1000000016000000")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _ask_with_stderr(sock, err, request):
+    """client._ask's exchange, with the command's stderr into a file we read."""
+    import json
+    import socket
+
+    from kem_port.warm import client
+
+    body = json.dumps(request).encode()
+    socket.send_fds(sock, [client.HEADER.pack(len(body)) + body], [0, 1, err.fileno()])
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        assert chunk, "the warm process closed the connection"
+        reply += chunk
+    answer = json.loads(reply)
+    return int(answer["code"]), int(answer["pid"])

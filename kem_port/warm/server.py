@@ -128,7 +128,10 @@ def _request(conn: socket.socket, data: bytes) -> dict | None:
         if not chunk:
             return None
         body += chunk
-    request = json.loads(body)
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the parser: dropped, the loop serves on
+        return None
     ok = isinstance(request, dict) and isinstance(request.get("cwd"), str) and isinstance(request.get("argv"), list)
     return request if ok and all(isinstance(a, str) for a in request["argv"]) else None
 
