@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from concurrent.futures import Executor as Threads
 from typing import Any
 
@@ -82,8 +83,8 @@ class SessionMethods:
     # -- kernels in a session, chains --------------------------------------
 
     def _kernel_method(self, request: ChainRequest) -> None:
-        req_id, method, ref, steps, data, returns = (request.req_id, request.method, request.ref, request.steps,
-                                                     request.data, request.returns)
+        req_id, method, ref, steps, data, returns, gas_limit = (request.req_id, request.method, request.ref, request.steps,
+                                                                request.data, request.returns, request.gas_limit)
         resolver = self.resolver
         remote = [s.kernel_id for s in _kernels(steps) if resolver.resolve_local(s.kernel_id) is None]
         for index, step in enumerate(steps):
@@ -97,7 +98,7 @@ class SessionMethods:
                 chain_steps = self._steps(steps)
             except StepError as exc:
                 raise _shaped(method, exc) from None
-            work = self._chain_work(method, ref, chain_steps, returns, data)
+            work = self._chain_work(method, ref, Chain(chain_steps, data, returns, None, gas_limit))
             self._submit(req_id, work, small=not later and self._small_chain(ref, steps, chain_steps, data))
 
         if later:
@@ -116,13 +117,15 @@ class SessionMethods:
         return Step(self._source(index, s.kernel_id, s.entry_point, s.constants), s.params, s.workgroups, s.entry_point,
                     s.bind, s.input, s.output, s.output_size, s.grid, s.constants, s.buffers, s.outputs)
 
-    def _chain_work(self, method: str, ref, chain_steps: tuple[Step, ...], returns, data: bytes) -> Work:
+    def _chain_work(self, method: str, ref, chain: Chain) -> Work:
+        """The chain (its session looked up when it runs); its answer. The
+        gas it used is on ChainResult.gas (docs/metering.md) for a usage record."""
         store, chains = self.service.sessions, self.service.chains
 
         def work() -> Any:
             session = store.get(*ref) if ref is not None else None
             try:
-                result = chains.run(Chain(chain_steps, data, returns, session))
+                result = chains.run(replace(chain, session=session)).value
             except StepError as exc:
                 raise _shaped(method, exc) from None
             # Buffer names go back as binaries (a str key would become an atom).

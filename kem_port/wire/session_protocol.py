@@ -17,7 +17,9 @@ from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.session.chain_steps import StepError
 from kem_port.gpu.session.sessions import check_name
 from kem_port.wire import protocol
-from kem_port.wire.protocol import _entry_point, _grid, _kernel_id, _params, _workgroups, constants, dispatch_given
+from kem_port.wire.protocol import (
+    MAX_GAS, _entry_point, _grid, _kernel_id, _params, _positive_int, _workgroups, constants, dispatch_given,
+)
 from kem_port.wire.terms import atom_name, binary_bytes
 
 SESSION_METHODS = (
@@ -28,8 +30,9 @@ MAX_STEPS = 256
 MAX_STEP_BUFFERS = 64  # a step's own buffers: far over WebGPU's 8 storage + 12 uniform buffers a stage
 STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size", "grid",
              "constants", "buffers", "outputs")
-CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs")
-CHAIN_OPTS = ("input", "return")
+# gas_limit is the call's or the whole chain's, not a step's (gpu/session/chain_gas.py)
+CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs", "gas_limit")
+CHAIN_OPTS = ("input", "return", "gas_limit")
 
 
 @dataclass(frozen=True)
@@ -176,12 +179,19 @@ def _step_buffers(value: Any, config: Config) -> dict[str, bytes]:
     return found
 
 
-def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> StepArgs:
-    """session_call's one step: the call's input in, output_size bytes out
-    (default: as many as the input, chain_plan's default for a first step)."""
+def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> tuple[StepArgs, int | None]:
+    """session_call's one step (the call's input in, output_size bytes out,
+    by default as many as the input: chain_plan's default for a first
+    step) and the call's gas_limit."""
     opts = options(opts_term, CALL_OPTS, "option")
+    gas = gas_limit(opts.pop("gas_limit", None))
     opts["kernel"] = kernel
-    return _step(opts, config)
+    return _step(opts, config), gas
+
+
+def gas_limit(value: Any) -> int | None:
+    """A call's or chain's gas_limit option, checked as execute's is (wire/protocol.py)."""
+    return None if value is None else _positive_int(value, "gas_limit", MAX_GAS)
 
 
 def _step(opts: dict[str, Any], config: Config) -> StepArgs:
@@ -218,12 +228,13 @@ def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyArgs | ClearA
     return steps
 
 
-def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None]:
+def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None, int | None]:
     opts = options(value, CHAIN_OPTS, "chain option")
+    gas = gas_limit(opts.get("gas_limit"))
     data = binary(opts["input"], "input", config) if "input" in opts else b""
     returns = None
     if "return" in opts:
         if not isinstance(opts["return"], list):
             raise bad_args("return must be a list of buffer names")
         returns = tuple(name(n) for n in opts["return"])
-    return data, returns
+    return data, returns, gas

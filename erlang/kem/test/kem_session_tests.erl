@@ -11,6 +11,7 @@ session_test_() ->
       {timeout, 60, fun chain_equals_composition/0},
       {timeout, 60, fun life_as_in_the_docs/0},
       {timeout, 60, fun chain_step_failure_names_the_step/0},
+      {timeout, 60, fun a_runaway_ends_by_its_gas_and_the_session_goes_on/0},
       {timeout, 60, fun two_sessions_never_see_each_other/0},
       {timeout, 60, fun quotas_are_enforced/0},
       {timeout, 60, fun owner_death_frees_memory/0},
@@ -102,6 +103,31 @@ chain_step_failure_names_the_step() ->
                  kem:chain([Bump, Bump, #{kernel => <<"no_such">>}], #{session => S})),
     ?assertEqual({ok, Start}, kem:buffer_read(S, acc)),
     ?assertMatch({error, {bad_args, _}}, kem:chain(not_a_list, #{})),
+    ok = kem:session_close(S).
+
+%% A runaway in a session call or a chain step ends by its budget (issue
+%% 27, docs/metering.md): `gas_exhausted', the chain's failure naming the
+%% step; the port's OS pid stays and the session answers after.
+a_runaway_ends_by_its_gas_and_the_session_goes_on() ->
+    Pids = [kem_port:os_pid(P) || P <- kem_sup:port_names()],
+    {ok, S} = kem:session_open(#{}),
+    Start = random_words(64),
+    ok = kem:buffer_create(S, acc, Start),
+    Input = random_words(64),
+    ok = kem:buffer_create(S, inp, Input),
+    Bump = #{kernel => <<"accumulate">>, output_size => 0, input => inp},
+    Spin = #{kernel => <<"spin">>, output_size => 256, input => inp},
+    %% 64 invocations, each capped at (64000 - 64) div 64 = 999 iterations
+    {error, {gas_exhausted, Detail}} = kem:session_call(S, <<"spin">>, <<0:2048>>, #{output_size => 256, gas_limit => 64000}),
+    ?assertMatch({match, _}, re:run(Detail, <<"gas used [0-9]+ of limit 64000 \\(an invocation passed its 999 loop">>)),
+    ?assertMatch({error, {gas_exhausted, #{step := 2, detail := _}}},
+                 kem:chain([Bump, Spin, Bump], #{session => S, gas_limit => 100000})),
+    %% One submission ran whole: both bumps stay in the session's buffer.
+    {ok, After} = kem:buffer_read(S, acc),
+    ?assertEqual(add(add(Start, Input), Input), After),
+    ?assertEqual({ok, <<>>}, kem:session_call(S, <<"accumulate">>, Input, #{output_size => 0})),
+    ?assertEqual({ok, add(After, Input)}, kem:buffer_read(S, acc)),
+    ?assertEqual(Pids, [kem_port:os_pid(P) || P <- kem_sup:port_names()]),
     ok = kem:session_close(S).
 
 %% Conway's life on a W x H torus of u32 cells, on the host.

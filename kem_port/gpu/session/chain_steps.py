@@ -70,6 +70,7 @@ class Chain:
     input: bytes | memoryview = b""
     returns: tuple[str, ...] | None = None  # None: the last kernel step's output (bytes, or its outputs by name)
     session: Session | None = None
+    gas_limit: int | None = None  # the whole chain's gas budget (chain_gas.py); None: the node's KEM_GAS_LIMIT
 
 
 class StepError(KemError):

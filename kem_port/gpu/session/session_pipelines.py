@@ -5,6 +5,13 @@ every binding but a kem@1.0 kernel's 0-2 is named, in up to four bind
 groups (gpu/session/session_contract.py). Cached per (kernel sha256, entry
 point, with or without params, constants set) for one device; a new
 device empties the cache.
+
+Every pipeline is compiled from the kernel's gas form (gpu/wgsl/wgsl_gas.py,
+``named_gas_form``: the meter in the lowest bind group the kernel leaves
+free), the very text admission compiled (``source.metered`` not None) or
+made here; a kernel with a loop then has ``gas_group`` set and each of its
+dispatches binds a cap and meter there (gpu/session/chain_gas.py). Never an
+uncounted loop: the gas form of a loop-free kernel is its own text.
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from dataclasses import dataclass
 import wgpu
 
 from kem_port.errors import KemError
-from kem_port.gpu import contract
+from kem_port.gpu import contract, gas_meter
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
 from kem_port.gpu.pipelines import compute_stage, gpu_message
 from kem_port.gpu.session.session_contract import SessionLayout
 from kem_port.gpu.wgpu_private import ErrorCapture, serial_of
 from kem_port.gpu.wgsl.wgsl_calls import used_names
+from kem_port.gpu.wgsl.wgsl_gas import PREFIX, named_gas_form
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
@@ -37,6 +45,7 @@ class SessionPipeline:
     layouts: dict[int, wgpu.GPUBindGroupLayout]  # by group, 0 to the highest used
     shape: SessionLayout
     serial: int  # never reused: keys the bind group cache
+    gas_group: int | None = None  # where its cap and meter bind; None: no loop, no meter
 
 
 class SessionPipelines:
@@ -64,15 +73,16 @@ class SessionPipelines:
                 contract.check_params_size(self._shapes[source.sha256], params)
             self._cache.move_to_end(key)
             return found
+        text, gas_group = gas_text(source)
         shape = self._shapes.get(source.sha256)
         if shape is None:
-            shape = self._shapes[source.sha256] = reflect(source.text)
-        layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(source.text, entry_point))
+            shape = self._shapes[source.sha256] = own_shape(text)
+        layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(text, entry_point))
         check_workgroup_limits(layout.entry, device.limits)  # once per pipeline: its constants set fixes the size
         started = time.perf_counter()
         self._serial += 1
-        compiled = _compile(device, source, entry_point, layout, params is not None, self._serial,
-                            pipeline_constants(shape, constants))
+        compiled = _compile(device, source.kernel_id, text, entry_point, layout, params is not None, self._serial,
+                            pipeline_constants(shape, constants), gas_group)
         self.stats.inc("compiles")
         self.stats.add_time("compile", time.perf_counter() - started)
         self._cache[key] = compiled
@@ -97,6 +107,23 @@ class SessionPipelines:
         return made
 
 
+def gas_text(source: KernelSource) -> tuple[str, int | None]:
+    """(text to compile, its gas group or None): the gas form admission
+    made (source.metered set), else made here from the kernel's own text."""
+    if source.metered is None:
+        form = named_gas_form(source.text)
+        return form.text, form.group if form.metered else None
+    if not source.metered:
+        return source.text, None
+    return source.text, next(b.group for b in reflect(source.text).bindings if b.name.startswith(PREFIX))
+
+
+def own_shape(text: str) -> KernelShape:
+    """reflect() of a text without the gas group's bindings (kem's): the kernel's own layout."""
+    shape = reflect(text)
+    return KernelShape(shape.entry_points, tuple(b for b in shape.bindings if not b.name.startswith(PREFIX)), shape.overrides)
+
+
 def _key(source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None) -> tuple:
     """Each constants set is its own pipeline (gpu/constants.set_key: -0.0 is not 0.0)."""
     return source.sha256, entry_point, params is not None, set_key(constants) if constants else None
@@ -109,21 +136,24 @@ def named_shader(message: str, kernel_id: str) -> str:
     return message.replace("Shader ''", f"Shader '{kernel_id}'").replace("┌─ wgsl:", f"┌─ {kernel_id}:").replace("┌─ :", f"┌─ {kernel_id}:")
 
 
-def _compile(device: wgpu.GPUDevice, source: KernelSource, entry: str, layout: SessionLayout, has_params: bool, serial: int,
-             constants: dict[str, float]) -> SessionPipeline:
-    """Shader module, one layout per bind group, the pipeline; naga's words
-    as shader_error (naming the kernel) or bad_kernel."""
+def _compile(device: wgpu.GPUDevice, kernel_id: str, text: str, entry: str, layout: SessionLayout, has_params: bool,
+             serial: int, constants: dict[str, float], gas_group: int | None) -> SessionPipeline:
+    """Shader module, one layout per bind group (the gas group's: cap and
+    meter), the pipeline; naga's words as shader_error (naming the kernel) or bad_kernel."""
     errors = ErrorCapture()
     try:
-        module = errors.call(lambda: device.create_shader_module(code=source.text, label=source.kernel_id))
+        module = errors.call(lambda: device.create_shader_module(code=text, label=kernel_id))
     except wgpu.GPUError as exc:
-        raise KemError("shader_error", named_shader(gpu_message(exc), source.kernel_id)) from None
+        raise KemError("shader_error", named_shader(gpu_message(exc), kernel_id)) from None
+    entries = session_contract.layout_entries(layout, has_params)
+    if gas_group is not None:  # the lowest group the kernel declares none in: empty in its own layout
+        entries = {g: entries.get(g, []) for g in range(max(max(entries), gas_group) + 1)}
+        entries[gas_group] = gas_meter.layout_entries()
     try:
-        layouts = {g: errors.call(lambda e=e: device.create_bind_group_layout(entries=e))
-                   for g, e in session_contract.layout_entries(layout, has_params).items()}
+        layouts = {g: errors.call(lambda e=e: device.create_bind_group_layout(entries=e)) for g, e in entries.items()}
         pipeline = errors.call(lambda: device.create_compute_pipeline(
             layout=device.create_pipeline_layout(bind_group_layouts=list(layouts.values())),
-            compute=compute_stage(module, entry, constants), label=source.kernel_id))
+            compute=compute_stage(module, entry, constants), label=kernel_id))
     except wgpu.GPUError as exc:
         raise KemError("bad_kernel", gpu_message(exc)) from None
-    return SessionPipeline(pipeline, layouts, layout, serial)
+    return SessionPipeline(pipeline, layouts, layout, serial, gas_group)

@@ -31,8 +31,9 @@ class SessionService:
         self.executor = executor
         self.sessions = Sessions(executor.gpu, config.session_quota_bytes, config.port_session_quota_bytes)
         # A chain's temporaries are bounded like one session's buffers, and
-        # its new buffers and work like one call's output (gpu/chain_budget.py).
-        self.chains = ChainRunner(executor.gpu, stats, config.session_quota_bytes, config.max_output_bytes)
+        # its new buffers and work like one call's output (gpu/chain_budget.py),
+        # its gas like one call's (gpu/session/chain_gas.py).
+        self.chains = ChainRunner(executor.gpu, stats, config.session_quota_bytes, config.max_output_bytes, config.gas_limit)
 
     def describe(self) -> dict[str, int]:
         return self.sessions.describe()
