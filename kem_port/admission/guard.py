@@ -1,34 +1,29 @@
 """Admission of kernels: nothing the port has not seen compile is compiled by it.
 
 A 6 KB kernel could crash the port on every call (naga recursed off the
-compiling thread's stack: SIGSEGV), and small "compile bombs" grew the
-port by hundreds of MB a second. So before the port compiles a pipeline it has
-not admitted (kernel sha256, entry point, with or without params, and
-the call's pipeline constants when it has any):
+compiling thread's stack: SIGSEGV), and small "compile bombs" grew the port
+by hundreds of MB a second. So before the port compiles a pipeline it has
+not admitted (kernel sha256, entry point, with or without params, and the
+call's pipeline constants when it has any):
 
 1. the kernel's hash is looked up among kernels refused before (on disk,
    admission/rejects.py): refused at once, with the reason;
 2. cheap structural limits on its syntax tree (admission/limits.py);
-3. on an adapter that leaks workgroup memory, the clearing rewrite
-   (admission/zeroing.py) -- the rewritten text is what every later step,
-   and the port, compiles;
+3. its gas form (gpu/wgsl/wgsl_gas.py) and, on an adapter that leaks
+   workgroup memory, the clearing (admission/zeroing.py): that text is what
+   the worker, and then the port, compiles;
 4. a compile in the warm sacrificial worker (admission/worker.py) under
    stack, memory and CPU-time limits (a wall deadline of 3x the CPU budget
    as a backstop). A compile error is the caller's ``shader_error``/
-   ``bad_kernel``. A worker that spent the compile's CPU budget means the
-   kernel is refused as ``kernel_rejected`` and remembered by hash on disk;
-   one that died otherwise, missed the wall deadline or broke (load or a
-   worn worker could cause those) gets the kernel again in a fresh worker
-   (_confirm), and only a second failure refuses and remembers it.
+   ``bad_kernel``; a worker that spent the CPU budget refuses the kernel
+   (``kernel_rejected``, remembered by hash on disk); one that died, missed
+   the deadline or broke gets it again in a fresh worker (_confirm) first.
 
-Constants are part of what is admitted, and the worker compiles with them:
-an override can size a workgroup, a workgroup array or a loop's bound, so
-each constants set is a new program to the compiler. A call without
-constants keeps the 3-part key the reader's lone road looks up itself
-(port/lone_call.py); one with constants is admitted for its set only.
-
-Admitted pipelines are remembered in memory: a known kernel costs one
-lookup (``is_admitted``); kernels packaged with kem skip the worker.
+Constants are admitted with the kernel (an override can size a workgroup,
+an array or a loop). A call without constants keeps the 3-part key the lone
+road looks up (port/lone_call.py); one with constants is admitted for its
+set only. Admissions are remembered in memory (``is_admitted``: one
+lookup); kernels packaged with kem skip the worker.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ from kem_port.admission.rejects import RejectStore
 from kem_port.admission.limits import check_structure
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
-from kem_port.gpu.wgsl.wgsl_gas import gas_form
+from kem_port.gpu.wgsl.wgsl_gas import gas_form, named_gas_form
 from kem_port.admission.worker_client import CompileWorker, GuardSettings, WorkerDied, WorkerSlot
 from kem_port.admission.zeroing import compiled_text
 
@@ -59,7 +54,8 @@ log = logging.getLogger("kem_port.admission.guard")
 
 FAILED_CACHE = 1024  # compile errors remembered in memory (cheap to redo)
 HEALTH_KERNEL = PACKAGED_KERNELS / "double.wgsl"  # compiled to check the worker after a failure
-SESSION = "session"  # the third part of the key of a kernel admitted for sessions and chains
+SESSION = "session"  # the third part of the key of a kernel admitted for sessions and chains, as written
+SESSION_GAS = "session-gas"  # ... as its gas form at its own gas group: named-buffer runs (docs/metering.md)
 
 
 @dataclass(frozen=True)
@@ -84,7 +80,7 @@ class CompileGuard:
         # entry points and shapes: a chain names any entry point, and a copy
         # each grew the port by the kernel's size per name (1 MiB kernel:
         # ~4-6 MB an admission, issue 24's third red team).
-        self._texts: dict[tuple[str, bool, bool], str] = {}  # (sha256, cleared, its gas form: sessions have none yet)
+        self._texts: dict[tuple[str, bool, int | None], str] = {}  # (sha256, cleared, the gas meter's group or None)
         self._slot = WorkerSlot(settings, lambda seconds: self._time("compile_worker_open", seconds))
         self._lock = threading.Lock()  # one compile at a time: one worker
         self._fault: str | None = None  # test_hooks.py's fail_next_compile (KEM_TEST_HOOKS=1)
@@ -103,13 +99,14 @@ class CompileGuard:
         off the reader and GPU threads."""
         return self._admit(_key(source, call), source, lambda: check_layout(reflect(source.text), call))
 
-    def is_admitted_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource | None:
+    def is_admitted_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None, gas: bool = False):
         """Like is_admitted, for a kernel run in a session or chain, or by named buffers."""
-        return self._admissions.get(_admission_key(source, entry, SESSION, constants))
+        return self._admissions.get(_admission_key(source, entry, SESSION_GAS if gas else SESSION, constants))
 
-    def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None) -> KernelSource:
-        """admit() for a session, chain or named-buffer kernel (its own layout), per constants set."""
-        return self._admit(_admission_key(source, entry, SESSION, constants), source, lambda: None)
+    def admit_for_session(self, source: KernelSource, entry: str, constants: tuple | None = None, gas: bool = False) -> KernelSource:
+        """admit() for a session, chain or named-buffer kernel (its own layout), per constants set; gas:
+        its gas form, metered at its own gas group (wgsl_gas.named_gas_form: what a named run compiles)."""
+        return self._admit(_admission_key(source, entry, SESSION_GAS if gas else SESSION, constants), source, lambda: None)
 
     def _admit(self, key: tuple, source: KernelSource, check_contract) -> KernelSource:
         found = self._admissions.get(key)
@@ -148,17 +145,12 @@ class CompileGuard:
             raise
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
-        text = self._texts.get(tkey := (source.sha256, clear, shape != SESSION and gas_form(source.text).metered))
-        if text is None:
-            text = compiled_text(source.text, clear, tkey[2])
-        if shape == SESSION:
-            request = {"code": text, "entry": entry, "has_params": False, "layout": "auto"}
-            if len(key) > 3:
-                request["constants"] = pipeline_constants(reflect(source.text), key[3])
-        else:
-            request = {"code": text, "entry": entry, "has_params": shape}
-            if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
-                request["constants"] = pipeline_constants(reflect(source.text), key[3])
+        tkey, text = _text(self._texts, source, shape, clear)
+        request = {"code": text, "entry": entry, "has_params": shape}
+        if shape in (SESSION, SESSION_GAS):
+            request.update(has_params=False, layout="auto")
+        if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)
+            request["constants"] = pipeline_constants(reflect(source.text), key[3])
         if self._fault is not None:
             request, self._fault = {**request, "test_fail": self._fault}, None
         outcome = self._attempt(worker, request)
@@ -173,7 +165,7 @@ class CompileGuard:
             while len(self._failed) > FAILED_CACHE:
                 self._failed.popitem(last=False)
             raise outcome.error
-        admitted = replace(source, text=self._texts.setdefault(tkey, text), metered=None if shape == SESSION else tkey[2])
+        admitted = replace(source, text=self._texts.setdefault(tkey, text), metered=None if shape == SESSION else tkey[2] is not None)
         self._admissions.put(key, admitted)
         self._count("kernels_admitted")
         return admitted
@@ -282,6 +274,15 @@ def _admission_key(source: KernelSource, entry: str, kind: bool | str, constants
     """What one admission covers (the module doc): the constants set only when there is one."""
     base = (source.sha256, entry, kind)
     return base if not constants else base + set_key(constants)
+
+
+def _text(texts: dict, source: KernelSource, kind: bool | str, clear: bool) -> tuple[tuple, str]:
+    """(its key, the text admitted and run): the gas form (a call's at group 1, a named run's
+    at its gas group), then kem's clearing (uncounted); one copy per kernel and form."""
+    form = None if kind == SESSION else named_gas_form(source.text) if kind == SESSION_GAS else gas_form(source.text)
+    tkey = (source.sha256, clear, form.group if form is not None and form.metered else None)
+    text = texts.get(tkey)
+    return tkey, text if text is not None else compiled_text(form.text if tkey[2] is not None else source.text, clear, False)
 
 
 def _packaged(source: KernelSource) -> bool:

@@ -49,7 +49,7 @@ def run_named(kernel: str | Path, buffers: Mapping[str | int, Any], outputs: Map
             {terms.atom(k): v for k, v in opts.items() if v is not None})
     call = read_run(0, terms.to_term(args), runner.config, None, None).call  # the port's own checks
     runner.executor.named.check_constants(source, call.constants)
-    admitted = runner.guard.admit_for_session(source, call.entry_point, call.constants)
+    admitted = runner.guard.admit_for_session(source, call.entry_point, call.constants, gas=True)
     got = runner.executor.named.run(admitted, call)
     return {name: _shaped(data, _spec(name, buffers, outputs)) for name, data in got.items()}
 

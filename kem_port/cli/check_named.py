@@ -48,7 +48,7 @@ def named_report(runner: Any, source: Any, shape: Any, entry_point: str, constan
         try:
             runner.executor.named.check_constants(source, overrides)
             probe = NamedCall(source.kernel_id, buffers, outputs, None, entry_point, (1, 1, 1), overrides)
-            admitted = runner.guard.admit_for_session(source, entry_point, overrides)
+            admitted = runner.guard.admit_for_session(source, entry_point, overrides, gas=True)
             runner.executor.named.compile(admitted, probe)
         except KemError as exc:
             problems.append(f"{exc.reason}: {exc.detail}")

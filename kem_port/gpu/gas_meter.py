@@ -7,7 +7,8 @@ buffer after the params, the meter (16 bytes) in its output buffer after
 the outputs. The output buffer is zeroed before the pass and copied to
 staging after it, so the meter starts at zero and comes back with the
 outputs: no buffer, upload or copy of its own. Both are bound at the gas
-group (wgsl_gas.GROUP = 1; kem binds kernels at group 0 only).
+group (wgsl_gas.GROUP = 1; kem binds kernels at group 0 only). A named run
+binds them at its kernel's own gas group (gpu/named/named_gas.py).
 
 Gas of a dispatch = invocations launched (workgroups x workgroup size,
 counted here) + loop iterations (the meter's 64-bit count). A call-table
@@ -145,8 +146,13 @@ def check(view: memoryview, slot: GasSlot) -> int:
     """The gas a landed dispatch used; KemError gas_exhausted if it ran out."""
     gas, ran_out = read(view, slot)
     if ran_out:
-        raise KemError("gas_exhausted", f"gas used {gas} of limit {slot.limit} (an invocation passed its {slot.cap} loop iterations)")
+        raise exhausted(gas, slot)
     return gas
+
+
+def exhausted(gas: int, slot: GasSlot) -> KemError:
+    """The refusal of a dispatch that ran out, the same on every road."""
+    return KemError("gas_exhausted", f"gas used {gas} of limit {slot.limit} (an invocation passed its {slot.cap} loop iterations)")
 
 
 CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-loop entry: 2^30 keeps it far from u32 wrap

@@ -51,7 +51,7 @@ class RunMethods:
     def _admitted(self, source: KernelSource | None, call) -> KernelSource | None:
         if source is None or self.guard is None:
             return source
-        return self.guard.is_admitted_for_session(source, call.entry_point, call.constants)
+        return self.guard.is_admitted_for_session(source, call.entry_point, call.constants, gas=True)
 
     def _admit(self, request: RunRequest, source: KernelSource | None) -> KernelSource:
         """On a fetch thread: the kernel fetched if need be, then put through the guard."""
@@ -63,7 +63,7 @@ class RunMethods:
         if self.guard is None:
             return source
         with self.states.waiting(req_id, "admitting", f"kernel {call.kernel_id} to compile in the guard"):
-            return self.guard.admit_for_session(source, call.entry_point, call.constants)
+            return self.guard.admit_for_session(source, call.entry_point, call.constants, gas=True)
 
     def _queue(self, request: RunRequest, source: KernelSource) -> None:
         req_id, call, share = request.req_id, request.call, request.call.batch_bytes

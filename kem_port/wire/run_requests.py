@@ -4,8 +4,9 @@ buffers (issue 25; gpu/named/binding_model.py binds them).
 ``{call, ReqId, run, {KernelId, Buffers, Opts}, TimeoutMs}``: Buffers maps
 a WGSL variable name (binary or atom), ``<<"G/B">>`` or a binding number
 (group 0) to its bytes; Opts may hold ``outputs => #{Name => Bytes}``,
-``workgroups => {X, Y, Z}`` or ``grid => {X, Y, Z}``, ``entry_point`` and
-``constants => #{Name => Number}``. Every size is checked here,
+``workgroups => {X, Y, Z}`` or ``grid => {X, Y, Z}``, ``entry_point``,
+``constants => #{Name => Number}`` and ``gas_limit`` (the call's gas budget,
+1..2^63-1, as execute's: docs/metering.md). Every size is checked here,
 before anything is allocated: the inputs together within
 KEM_MAX_INPUT_BYTES, the outputs together within KEM_MAX_OUTPUT_BYTES.
 """
@@ -18,11 +19,11 @@ from typing import Any, NamedTuple
 from kem_port.config import Config
 from kem_port.errors import bad_args, too_large
 from kem_port.gpu.named.binding_model import NamedCall
-from kem_port.wire.protocol import _binary, _entry_point, _grid, _kernel_id, _workgroups, constants, options
+from kem_port.wire.protocol import MAX_GAS, _binary, _entry_point, _grid, _kernel_id, _positive_int, _workgroups, constants, options
 from kem_port.wire.terms import atom_name, binary_bytes
 
 MAX_BUFFERS = 64  # far over WebGPU's 8 storage + 12 uniform buffers a stage: a bound before the kernel is read
-RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants")
+RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants", "gas_limit")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}|[0-3]/[0-9]{1,4}|[0-9]{1,4}")
 
 
@@ -51,7 +52,8 @@ def read_run(req_id: int, args: Any, config: Config, deadline: float | None, tim
         raise bad_args("give grid (invocations) or workgroups, not both")
     entry = _entry_point(opts["entry_point"]) if "entry_point" in opts else "main"
     overrides = constants(opts["constants"]) if "constants" in opts else None
-    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry, grid, overrides), deadline, timeout_s)
+    gas = _positive_int(opts["gas_limit"], "gas_limit", MAX_GAS) if "gas_limit" in opts else None
+    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry, grid, overrides, gas), deadline, timeout_s)
 
 
 def _named_map(value: Any, what: str, read) -> dict:

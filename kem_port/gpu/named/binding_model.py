@@ -37,6 +37,7 @@ class NamedCall:
     entry_point: str = "main"
     grid: tuple[int, int, int] | None = None  # invocations (gpu/dispatch.py)
     constants: tuple[tuple[str, int | float], ...] | None = None  # pipeline constants (gpu/constants.py)
+    gas_limit: int | None = None  # the call's gas budget (docs/metering.md); None: the node's KEM_GAS_LIMIT
 
     @property
     def batch_bytes(self) -> int:

@@ -8,6 +8,11 @@ input, uniform and in/out buffer is written whole (the caller's bytes, then
 zeros to the bound size) and each output is cleared by the encoder, so a
 call never sees a previous caller's bytes. Fresh buffers a call cost a
 4-byte call ~2x a kem@1.0 call on lavapipe (797 against 298 us p50).
+
+A looping kernel's kit holds its gas cap and meter too (named_gas.py), 16
+bytes each, bound at the kernel's gas group: the cap written and the meter
+cleared each call, the meter copied to the staging buffer after the
+outputs, so it comes back in the same map as they do.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import wgpu
 
 from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.named.binding_model import Bound
+from kem_port.gpu.wgsl import wgsl_gas
 
 _U = wgpu.BufferUsage
 
@@ -24,20 +30,30 @@ class NamedKit:
     """Buffers and bind groups for one call shape; not thread-safe (the GPU
     thread, or the reader holding the executor lock, runs one call at a time)."""
 
-    def __init__(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound]) -> None:
+    def __init__(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], gas_group: int | None = None) -> None:
         self.bound = bound
         self.buffers = [self._buffer(device, x) for x in bound]
         self.groups = {
             group: device.create_bind_group(layout=layout, entries=[
                 {"binding": x.binding.binding, "resource": {"buffer": buf, "offset": 0, "size": x.size}}
                 for x, buf in zip(bound, self.buffers) if x.binding.group == group])
-            for group, layout in layouts.items()
+            for group, layout in layouts.items() if group != gas_group
         }
         self.returned = [(i, x) for i, x in enumerate(bound) if x.returned]
         self.offsets, total = [], 0
         for _, x in self.returned:
             self.offsets.append(total)
-            total += x.size
+            total += x.size  # sizes are whole words: every offset is 4-aligned, as copies need
+        self.gas: tuple[wgpu.GPUBuffer, wgpu.GPUBuffer] | None = None
+        self.meter_offset = total
+        if gas_group is not None:
+            self.gas = (device.create_buffer(size=wgsl_gas.CAP_BYTES, usage=_U.UNIFORM | _U.COPY_DST, label="kem-gas-cap"),
+                        device.create_buffer(size=wgsl_gas.METER_BYTES, usage=_U.STORAGE | _U.COPY_SRC | _U.COPY_DST,
+                                             label="kem-gas-meter"))
+            self.groups[gas_group] = device.create_bind_group(layout=layouts[gas_group], entries=[
+                {"binding": wgsl_gas.CAP_BINDING, "resource": {"buffer": self.gas[0], "offset": 0, "size": wgsl_gas.CAP_BYTES}},
+                {"binding": wgsl_gas.METER_BINDING, "resource": {"buffer": self.gas[1], "offset": 0, "size": wgsl_gas.METER_BYTES}}])
+            total += wgsl_gas.METER_BYTES
         self.staging_size = max(total, 4)
         self.staging = device.create_buffer(size=self.staging_size, usage=_U.MAP_READ | _U.COPY_DST, label="kem-named-staging")
         self.bytes = sum(x.size for x in bound) + total
@@ -48,10 +64,11 @@ class NamedKit:
         return device.create_buffer(size=x.size, usage=usage, label=f"kem-named-{x.binding.name}")
 
     def run(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], groups: tuple[int, int, int],
-            spin_s: float) -> dict[str, bytes]:
+            spin_s: float, cap: int = 0) -> tuple[dict[str, bytes], tuple[int, ...] | None]:
         """One call of this shape through the batch road's native calls
         (gpu/hot_path.py: the C API where wgpu-py has it): its returned
-        buffers by WGSL name."""
+        buffers by WGSL name, and the meter's four words (None: unmetered)
+        with ``cap`` loop iterations per invocation."""
         for x, buf in zip(bound, self.buffers):
             if x.data is None:
                 continue
@@ -62,11 +79,15 @@ class NamedKit:
                 path.write(buf, 0, x.data, whole)
             if whole < x.size:
                 path.write(buf, whole, x.data[whole:] + bytes(x.size - len(x.data)))
+        if self.gas is not None:
+            path.write(self.gas[0], 0, cap.to_bytes(4, "little") + bytes(wgsl_gas.CAP_BYTES - 4))
         encoder = path.encoder()
         try:
             for x, buf in zip(bound, self.buffers):
                 if x.data is None:  # an output: cleared, whatever the last call left
                     encoder.clear_buffer(buf, 0, x.size)
+            if self.gas is not None:  # the meter counts from zero each call
+                encoder.clear_buffer(self.gas[1], 0, wgsl_gas.METER_BYTES)
             encoder.begin_pass()
             encoder.set_pipeline(pipeline)
             for group, bind_group in self.groups.items():
@@ -75,6 +96,8 @@ class NamedKit:
             encoder.end_pass()
             for (i, x), offset in zip(self.returned, self.offsets):
                 encoder.copy(self.buffers[i], 0, self.staging, offset, x.size)
+            if self.gas is not None:
+                encoder.copy(self.gas[1], 0, self.staging, self.meter_offset, wgsl_gas.METER_BYTES)
             commands = encoder.finish()
         except BaseException:
             encoder.abandon()
@@ -86,11 +109,13 @@ class NamedKit:
             view = path.mapped(self.staging, 0, self.staging_size)
             # This call's lengths, not the kit's maker's: one kit serves every
             # length that pads to its sizes (21..24 bytes bind 24).
-            return {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
-                    for (i, _), offset in zip(self.returned, self.offsets)}
+            returned = {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
+                        for (i, _), offset in zip(self.returned, self.offsets)}
+            words = None if self.gas is None else tuple(view[self.meter_offset : self.meter_offset + wgsl_gas.METER_BYTES].cast("I"))
+            return returned, words
         finally:
             path.unmap(self.staging)
 
     def release(self) -> None:
-        for buf in (*self.buffers, self.staging):
+        for buf in (*self.buffers, *(self.gas or ()), self.staging):
             buf.destroy()

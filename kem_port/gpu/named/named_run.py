@@ -26,8 +26,11 @@ import wgpu
 
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.device import Device
+from kem_port.gpu import gas_meter
 from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Bound, Limits, NamedCall, check_sizes, plan_bindings
+from kem_port.gpu.named import named_gas
+from kem_port.gpu.named.named_gas import NamedOutputs
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
 from kem_port.gpu.pipelines import compute_stage, gpu_message
@@ -57,8 +60,9 @@ class NamedRuns:
         self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()  # per call shape (named_kit.py)
         self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
 
-    def run(self, source: KernelSource, call: NamedCall) -> dict[str, bytes]:
-        """The call's returned buffers by WGSL name. Raises KemError."""
+    def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
+        """The call's returned buffers by WGSL name, with its gas (.gas).
+        Raises KemError (gas_exhausted: a looping kernel passed its budget)."""
         device = self.gpu.require()
         if device is not self._device:  # a new device: the old one's pipelines and kits go
             self._pipelines.clear()
@@ -72,7 +76,8 @@ class NamedRuns:
             raise bad_args(NEEDS_DISPATCH)
         entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
         check_workgroup_limits(entry, device.limits)
-        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))
+        limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
+        bound = plan_bindings(shape, call, limits, self._used(source, call.entry_point))
         check_sizes(bound)
         returned = sum(x.logical for x in bound if x.returned)  # outputs and in/out buffers
         if returned > self.gpu.config.max_output_bytes:
@@ -81,8 +86,15 @@ class NamedRuns:
         # The caller's dispatch, bounded as a chain step's is (chain_budget.py):
         # each dimension alone within the device's limit is not a bound on work.
         ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
-        pipeline, layouts = self._pipeline(device, source, call, bound, pipeline_constants(shape, call.constants))
-        return self._dispatch(device, pipeline, layouts, bound, groups, (source.sha256, call.entry_point, _set(call)))
+        pipeline, layouts, gas_group = self._pipeline(device, source, call, bound, pipeline_constants(shape, call.constants), limits)
+        # A looping kernel's budget, spread over its invocations as on the
+        # execute road: gas_exhausted before launch when it cannot cover them.
+        slot = None if gas_group is None else gas_meter.slot_for(call.gas_limit or self.gpu.config.gas_limit, entry, groups)
+        if slot is None and call.gas_limit is not None:  # loop-free: its gas is what it launches (as execute's)
+            gas_meter.per_invocation_cap(call.gas_limit, gas_meter.invocations(entry, groups))
+        key = (source.sha256, call.entry_point, _set(call))
+        result, words = self._dispatch(device, pipeline, layouts, bound, groups, key, gas_group, slot)
+        return named_gas.outputs(result, words, slot, gas_meter.invocations(entry, groups))
 
     def check_constants(self, source: KernelSource, constants: tuple | None) -> None:
         """bad_args naming an unknown or missing override: checked before
@@ -115,8 +127,9 @@ class NamedRuns:
     def compile(self, source: KernelSource, call: NamedCall) -> None:
         """Compile the pipeline a call of this shape runs, without running it (kem check)."""
         shape = self._shape(source)
-        bound = plan_bindings(shape, call, Limits(self.gpu.binding_limit, self.gpu.uniform_limit), self._used(source, call.entry_point))
-        self._pipeline(self.gpu.require(), source, call, bound, pipeline_constants(shape, call.constants))
+        limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
+        bound = plan_bindings(shape, call, limits, self._used(source, call.entry_point))
+        self._pipeline(self.gpu.require(), source, call, bound, pipeline_constants(shape, call.constants), limits)
 
     def _used(self, source: KernelSource, entry: str) -> set[str] | None:
         """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
@@ -130,13 +143,15 @@ class NamedRuns:
     def _shape(self, source: KernelSource) -> KernelShape:
         shape = self._shapes.get(source.sha256)
         if shape is None:
-            shape = self._shapes[source.sha256] = reflect(source.text)
+            # The kernel's own bindings, whether the text is as written or its admitted gas form.
+            shape = self._shapes[source.sha256] = named_gas.kernel_shape(reflect(source.text))
             while len(self._shapes) > PIPELINES:  # kept as long as pipelines are: bounded memory
                 self._shapes.pop(next(iter(self._shapes)))
         return shape
 
     def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, call: NamedCall, bound: list[Bound],
-                  constants: dict[str, float]) -> tuple:
+                  constants: dict[str, float], limits: Limits) -> tuple:
+        """(pipeline, layouts, the gas meter's group or None) of the kernel's gas form, compiled once per key."""
         entry = call.entry_point
         key = (source.sha256, entry, _set(call))  # each constants set is its own pipeline
         found = self._pipelines.get(key)
@@ -144,56 +159,61 @@ class NamedRuns:
             self._pipelines.move_to_end(key)
             self.stats.inc("pipeline_hits")
             return found
+        text, gas_group = named_gas.gas_text(source)  # every loop counted (gpu/wgsl/wgsl_gas.py)
+        if gas_group is not None:
+            named_gas.check_room(bound, limits)
         errors = ErrorCapture()
         try:
-            module = errors.call(lambda: device.create_shader_module(code=source.text, label=source.kernel_id))
+            module = errors.call(lambda: device.create_shader_module(code=text, label=source.kernel_id))
         except wgpu.GPUError as exc:
             raise KemError("shader_error", gpu_message(exc)) from None
         try:
-            layouts = errors.call(self._layouts, device, bound)
+            layouts = errors.call(self._layouts, device, bound, gas_group)
             pipeline = errors.call(lambda: device.create_compute_pipeline(
                 layout=device.create_pipeline_layout(bind_group_layouts=list(layouts.values())),
                 compute=compute_stage(module, entry, constants)))
         except wgpu.GPUError as exc:
             raise KemError("bad_kernel", gpu_message(exc)) from None
         self.stats.inc("compiles")
-        self._pipelines[key] = found = (pipeline, layouts)
+        self._pipelines[key] = found = (pipeline, layouts, gas_group)
         while len(self._pipelines) > PIPELINES:
             self._pipelines.popitem(last=False)
         return found
 
     @staticmethod
-    def _layouts(device: wgpu.GPUDevice, bound: list[Bound]) -> dict[int, wgpu.GPUBindGroupLayout]:
-        """One layout per group 0..the highest used (an unused group gets an empty one, as WebGPU requires)."""
-        top = max(x.binding.group for x in bound)
+    def _layouts(device: wgpu.GPUDevice, bound: list[Bound], gas_group: int | None) -> dict[int, wgpu.GPUBindGroupLayout]:
+        """One layout per group 0..the highest used, the gas group's holding
+        the cap and meter (an unused group gets an empty one, as WebGPU requires)."""
+        top = max([x.binding.group for x in bound] + ([gas_group] if gas_group is not None else []))
         return {
-            group: device.create_bind_group_layout(entries=[
+            group: device.create_bind_group_layout(entries=gas_meter.layout_entries() if group == gas_group else [
                 {"binding": x.binding.binding, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": _TYPES[x.role]}}
                 for x in bound if x.binding.group == group
             ])
             for group in range(top + 1)
         }
 
-    def _dispatch(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups, key: tuple) -> dict[str, bytes]:
+    def _dispatch(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups, key: tuple,
+                  gas_group: int | None, slot: gas_meter.GasSlot | None) -> tuple[dict[str, bytes], tuple | None]:
         errors = ErrorCapture()
-        kit = self._kit(device, layouts, bound, key)
+        kit = self._kit(device, layouts, bound, key, gas_group)
         try:
-            result = errors.call(kit.run, self.gpu.hot, pipeline, bound, groups, self.gpu.lone_spin_s)
+            result, words = errors.call(kit.run, self.gpu.hot, pipeline, bound, groups, self.gpu.lone_spin_s, slot.cap if slot else 0)
         except wgpu.GPUError as exc:
             self._drop(key)  # its state is unknown
             raise KemError("gpu_error", gpu_message(exc)) from None
         if kit.bytes > KIT_BYTES:
             kit.release()  # a large shape is not kept: at most KITS x KIT_BYTES of buffers stay
         self.stats.bump((("named_calls", 1), ("bytes_out", sum(map(len, result.values())))))
-        return result
+        return result, words
 
-    def _kit(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], key: tuple) -> NamedKit:
+    def _kit(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], key: tuple, gas_group: int | None) -> NamedKit:
         shape = key + tuple((x.binding.group, x.binding.binding, x.role, x.size) for x in bound)
         kit = self._kits.get(shape)
         if kit is not None:
             self._kits.move_to_end(shape)
             return kit
-        kit = NamedKit(device, layouts, bound)
+        kit = NamedKit(device, layouts, bound, gas_group)
         if kit.bytes <= KIT_BYTES:
             self._kits[shape] = kit
             while len(self._kits) > KITS:
