@@ -2,18 +2,22 @@
 through its own chromedriver with Selenium (scripts/setup installs both as
 test extras). One driver per test module; each test loads its page fresh.
 
-`screenshot(driver, name)` writes docs/screenshots/NAME.png, so the
-screenshots in the docs are the ones the last test run took.
+`screenshot(driver, name)` writes NAME.png under the directory named by
+KEM_SCREENSHOTS (`KEM_SCREENSHOTS=docs/screenshots scripts/test` renews the
+docs' pictures), else into a temporary directory: a test run leaves the
+work tree as it found it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+ROOT = Path(__file__).resolve().parent.parent
 # A viewport wide enough for the pages' two-column layouts (1280 px) and
 # tall enough that a screenshot holds the charts without scrolling.
 WINDOW = (1280, 1000)
@@ -58,8 +62,14 @@ def wait_for(driver, condition, timeout: float = 30.0):
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
 
 
+def screenshots_dir() -> Path:
+    chosen = os.environ.get("KEM_SCREENSHOTS")
+    folder = ROOT / chosen if chosen else Path(tempfile.gettempdir()) / "kem-screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def screenshot(driver, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    path = screenshots_dir() / f"{name}.png"
     driver.save_screenshot(str(path))
     return path

@@ -3,7 +3,7 @@ page served by a real `kem playground` process (real wgpu on the machine's
 adapter). A kernel typed with an error shows the diagnostic at its
 line:column; fixed, it runs on random input and the hex the page shows is
 numpy's answer; an image kernel on a PNG shows the image kem_port.api
-computes. Screenshots go to docs/screenshots/playground_*.png
+computes. Screenshots go where tests/browser.py says (docs/screenshots/playground_*.png with KEM_SCREENSHOTS=docs/screenshots)
 (docs/playground.md shows them)."""
 
 from __future__ import annotations
