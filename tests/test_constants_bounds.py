@@ -153,10 +153,17 @@ def test_consts_and_override_expression_defaults_are_read():
     # a literal size over the limit is no set's fault: admission/limits.py refuses the kernel, not this check
 
 
-def test_sizes_kem_cannot_read_are_left_to_the_compile_worker():
+def test_override_sized_counts_kem_cannot_read_are_refused():
+    """BEFORE (red team of wave 3): left to the compile worker, which let
+    max(N, 64u) with N = 2^26 run (256 MiB of workgroup memory, lavapipe).
+    A count naming no override stays admission's (limits.py)."""
     shape = reflect("override N: u32 = 8;\nfn f() -> u32 { return 4u; }\nvar<workgroup> t: array<f32, f() * N>;\n"
                     "@compute @workgroup_size(1) fn main() { t[0] = 1.0; }")
-    constants.check_workgroup_arrays(shape, {"N": 2**30})  # a call: not read, not refused here
+    with pytest.raises(KemError) as err:
+        constants.check_workgroup_arrays(shape, {"N": 2**30})
+    assert err.value.reason == "bad_args" and "var<workgroup> t" in err.value.detail
+    unread = reflect("override N: u32 = 8;\nvar<workgroup> t: array<f32, 4 * 4>;\n@compute @workgroup_size(1) fn main() { t[0] = 1.0; }")
+    constants.check_workgroup_arrays(unread, {"N": 2**30})  # sized without N: not this check's
 
 
 # A set that fails to compile: D = 0 divides by zero in an override's

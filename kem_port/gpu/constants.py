@@ -38,7 +38,9 @@ FLOAT_MAX = {"f32": 3.4028234663852886e38, "f16": 65504.0}
 MAX_WORKGROUP_ELEMENTS = 65_536
 _ARRAY = re.compile(r"array\s*<(.*)>", re.S)
 _OVERRIDE_NAME = re.compile(r"\b[A-Za-z_]\w*")
-_COUNT_TOKENS = re.compile(r"\s*(?:([0-9]+)[ui]?|([A-Za-z_][A-Za-z0-9_]*)|([-+*/%()]))")
+_COUNT_TOKENS = re.compile(r"\s*(?:([0-9]+)[ui]?|([A-Za-z_][A-Za-z0-9_]*)|([-+*/%(),]))")
+MAX_COUNT_CHARS = 8192
+_CALLS = re.compile(r"\b(?:min|max)\s*(?=\()")  # the builtins a count may call (WGSL's min/max of integers)
 _COUNT_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
               ast.FloorDiv: lambda a, b: int(a / b), ast.Mod: lambda a, b: int(math.fmod(a, b))}  # WGSL truncates
 
@@ -105,8 +107,13 @@ def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -
             break
         known |= found
     ints = tuple(sorted(known.items()))
+    overrides = frozenset(o.name for o in shape.overrides)
     for name, type_text in shape.workgroup_vars:
-        total, named = _elements(type_text, ints)
+        total, named = _elements(type_text, ints, overrides)
+        if total is None:
+            raise bad_args(f"constants: var<workgroup> {name}: {type_text}: a count that names an override must be integer "
+                           f"literals, override and const names, + - * / % and min/max, for kem to hold it to "
+                           f"{MAX_WORKGROUP_ELEMENTS} elements (unread, max(N, 64u) ran N = 2^26 on lavapipe)")
         if named and total > MAX_WORKGROUP_ELEMENTS:
             given = ", ".join(f"{k} = {v}" for k, v in known.items() if re.search(rf"\b{k}\b", type_text))
             raise bad_args(f"constants: var<workgroup> {name}: {type_text} is {total} elements with {given}, "
@@ -114,18 +121,21 @@ def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -
 
 
 @lru_cache(maxsize=256)
-def _elements(type_text: str, ints: tuple[tuple[str, int], ...]) -> tuple[int, bool]:
+def _elements(type_text: str, ints: tuple[tuple[str, int], ...], overrides: frozenset[str] = frozenset()) -> tuple[int | None, bool]:
     """(elements, whether an override sizes it) of a workgroup variable's
-    type; (0, False) when a count cannot be read. Cached: a call of a
+    type; (None, True) when a count names an override but cannot be read
+    (max(N, 64u) went unread to the compiler, which ran N = 2^26: red team
+    of wave 3), (0, False) when a count cannot be read and names none (a
+    literal count is admission's). Cached: a call of a
     kernel with overrides resolves its entry up to three times (named_run),
     and reading the counts costs ~10 us a time against ~1 us for a lookup."""
     values = dict(ints)
-    total, named = 1, False
-    for count in _array_counts(type_text):
+    counts = _array_counts(type_text)
+    total, named = 1, any(_OVERRIDE_NAME.search(_CALLS.sub("", c)) for c in counts)  # consts were replaced (wgsl_workgroup)
+    for count in counts:
         number = _count(count, values)
-        if number is None:
-            return 0, False
-        named = named or _OVERRIDE_NAME.search(count) is not None  # consts were replaced by their values (wgsl_reflect)
+        if number is None:  # unread: refused where an override sizes any level (a struct's long count, max(N, 64u)...)
+            return (None, True) if overrides & set(_OVERRIDE_NAME.findall(" ".join(counts))) else (0, False)
         total *= max(number, 1)
     return total, named
 
@@ -150,31 +160,38 @@ def _array_counts(type_text: str) -> list[str]:
 def _count(text: str, values: dict[str, int | float]) -> int | None:
     """An array count of integer literals, overrides' names and + - * / %
     (WGSL's integer division truncates) as a number; None when it holds
-    anything else. At most 200 characters: a count is a few tokens."""
+    anything else. At most MAX_COUNT_CHARS: a count is a few tokens, a
+    struct's (wgsl_workgroup.py) its members' counts summed."""
     parts, at = [], 0
-    while at < len(text.rstrip()) and len(text) <= 200:
+    while at < len(text.rstrip()) and len(text) <= MAX_COUNT_CHARS:
         token = _COUNT_TOKENS.match(text, at)
         if token is None:
             return None
         literal, ident, op = token.groups()
-        if ident is not None and type(values.get(ident)) is not int:
+        if ident in ("min", "max"):
+            parts.append(ident)
+        elif ident is not None and type(values.get(ident)) is not int:
             return None
-        parts.append(literal or (str(values[ident]) if ident else ("//" if op == "/" else op)))
+        else:
+            parts.append(literal or (str(values[ident]) if ident else ("//" if op == "/" else op)))
         at = token.end()
     try:
         return _evaluate(ast.parse(" ".join(parts), mode="eval").body) if parts else None
-    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError):
+    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError, RecursionError, MemoryError):
         return None
 
 
 def _evaluate(node: ast.AST) -> int:
-    """An integer expression's value: literals, + - * / % and unary minus only."""
+    """An integer expression's value: literals, + - * / %, unary minus and min/max of two."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_evaluate(node.operand)
     if isinstance(node, ast.BinOp) and type(node.op) in _COUNT_OPS:
         return _COUNT_OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
+            and len(node.args) == 2 and not node.keywords:
+        return (min if node.func.id == "min" else max)(_evaluate(node.args[0]), _evaluate(node.args[1]))
     raise ValueError("not an integer count")
 
 

@@ -18,12 +18,16 @@ _WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({_IDENT})\s*:\s*([^;
 _ALIAS = re.compile(rf"\balias\s+({_IDENT})\s*=\s*([^;]+);")
 _INIT = re.compile(rf"\b(const|override)\s+({_IDENT})\s*(?::[^=;]*)?=\s*([^;]+);")
 _NAME = re.compile(_IDENT)
+_STRUCT = re.compile(rf"\bstruct\s+({_IDENT})\s*\{{([^{{}}]*)\}}")
+_ELEMENT = re.compile(r"array\s*<(.*)>", re.S)
 MAX_ALIAS_STEPS = 16  # real kernels alias a type once or twice; a longer chain is left unread
 # Characters of type text the const replacement may write in all, per
 # kernel: a stranger's 35,000 workgroup variables each naming a chain of
 # consts would otherwise cost 16 passes over 4 KB each (minutes); past it,
 # counts are left unread (the compile worker's limits, as before).
 MAX_REPLACED_CHARS = 1 << 20
+MAX_STRUCT_CHARS = 4096  # a struct's element count as text: members' counts summed (memoised, so a struct is written once)
+UNREAD = "array<u32, ?>"  # a count constants.py cannot read
 
 
 def workgroup_vars(source: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
@@ -46,13 +50,10 @@ def workgroup_vars(source: str) -> tuple[tuple[tuple[str, str], ...], tuple[tupl
     overrides: dict[str, str] = {}
     for m in _INIT.finditer(code):  # the first of a name: module scope comes before functions that shadow it
         (consts if m.group(1) == "const" else overrides).setdefault(m.group(2), " ".join(m.group(3).split()))
+    elements = _Elements(aliases, {m.group(1): _members(m.group(2)) for m in _STRUCT.finditer(code)})
     found, replaced, budget = [], {}, [MAX_REPLACED_CHARS]
     for m in _WORKGROUP_VAR.finditer(code):
-        text = " ".join(m.group(2).split())
-        for _ in range(MAX_ALIAS_STEPS):
-            if text not in aliases:
-                break
-            text = aliases[text]
+        text = elements.type_text(" ".join(m.group(2).split()))
         if text not in replaced:
             replaced[text] = _replace_consts(text, consts, budget)
         found.append((m.group(1), replaced[text]))
@@ -67,3 +68,82 @@ def _replace_consts(text: str, consts: dict[str, str], budget: list[int]) -> str
         budget[0] -= len(text)
         text = _NAME.sub(lambda n: f"({consts[n.group(0)]})" if n.group(0) in consts else n.group(0), text)
     return text
+
+
+
+def _followed(text: str, aliases: dict[str, str]) -> str:
+    """text with aliases followed, UNREAD past MAX_ALIAS_STEPS of them."""
+    for _ in range(MAX_ALIAS_STEPS):
+        if text not in aliases:
+            return text
+        text = aliases[text]
+    return UNREAD if text in aliases else text
+
+
+def _members(body: str) -> tuple[str, ...]:
+    """The type text of each member of a struct body (``@size(64) a:
+    array<f32, 4>, b: u32``), split at top-level commas."""
+    members, depth, start = [], 0, 0
+    for i, char in enumerate(body + ","):
+        depth += (char in "<(") - (char in ">)")
+        if char == "," and depth == 0:
+            member = body[start:i]
+            if ":" in member:
+                members.append(" ".join(member.split(":", 1)[1].split()))
+            start = i + 1
+    return tuple(members)
+
+
+class _Elements:
+    """A type's text with every element type (after aliases) that is an
+    array or a struct written out, so that constants.py counts elements,
+    not outer entries: ``array<Row, N>`` with ``alias Row = array<f32,
+    4096>`` counted N (N = 4,096 ran 16M elements, 64 MiB, on lavapipe:
+    red team of wave 3), and a struct counts as an array of its members'
+    elements: ``struct S { a: array<f32, 4096>, b: u32 }`` is
+    ``array<u32, ((4096)) + (1)>``. What it cannot write out (nesting past
+    MAX_ALIAS_STEPS, a struct's count over MAX_STRUCT_CHARS) becomes a
+    count no one reads, which constants.py refuses where an override sizes
+    the variable."""
+
+    def __init__(self, aliases: dict[str, str], structs: dict[str, tuple[str, ...]]) -> None:
+        self.aliases, self.structs = aliases, structs
+        self.done: dict[str, str] = {}  # each struct's count, once
+
+    def type_text(self, text: str, steps: int = MAX_ALIAS_STEPS) -> str:
+        text = _followed(text, self.aliases)
+        if steps <= 0:
+            return UNREAD
+        split = _split_array(text)
+        if split is not None:
+            return f"array<{self.type_text(split[0], steps - 1)}, {split[1]}>"
+        if text not in self.structs:
+            return text  # a scalar, vector, matrix or atomic: one element
+        if text not in self.done:
+            self.done[text] = UNREAD  # a struct cannot hold itself; a cycle is naga's to refuse
+            parts = [_product(self.type_text(m, steps - 1)) for m in self.structs[text]]
+            count = " + ".join(f"({p})" for p in parts) or "1"
+            self.done[text] = UNREAD if len(count) > MAX_STRUCT_CHARS else f"array<u32, {count}>"
+        return self.done[text]
+
+
+def _split_array(text: str) -> tuple[str, str] | None:
+    """(element type, count) of an ``array<T, C>`` text; None for any other."""
+    array = _ELEMENT.fullmatch(text)
+    if array is None:
+        return None
+    args, depth = array.group(1), 0
+    for i in range(len(args) - 1, -1, -1):  # the count is the last top-level argument
+        depth += (args[i] in ">)") - (args[i] in "<(")
+        if args[i] == "," and depth == 0:
+            return args[:i].strip(), args[i + 1 :].strip()
+    return None  # runtime-sized
+
+
+def _product(text: str) -> str:
+    """A written-out type's element count as an expression: its counts multiplied."""
+    counts = []
+    while (split := _split_array(text)) is not None:
+        text = split[0]
+        counts.append(f"({split[1]})")
+    return " * ".join(counts) or "1"

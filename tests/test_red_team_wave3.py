@@ -1,0 +1,151 @@
+"""Red team of wave 3 (GPU-side surfaces landed in it), on real wgpu and
+the real port.
+
+Held (the attack failed; the tests pin the guarantee): gas forms of every
+loop shape WGSL has that naga accepts (`continuing` with `break if`, a
+loop inside `continuing`, `continue` from a `switch`, a loop in a helper
+reached through a pointer or from a second entry point, attributes in
+either order, a module-scope `diagnostic`) each end by the cap and report
+that they ran out, and an honest `break if` loop matches numpy.
+
+Found and fixed (gpu/constants.py, gpu/wgsl/wgsl_workgroup.py): the bound
+of 65,536 elements on an override-sized var<workgroup> array counted only
+the outer entries and read only + - * / %: an array of aliased rows
+(`array<Row, N>`, Row = array<f32, 64>), an array of structs, and a
+count like `max(N, 64u)` (left to the compile worker, which let N = 2^26
+run: 256 MiB of workgroup memory on lavapipe) went through unchecked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from gas_helpers import run
+from kem_port.client import PortError
+from kem_port.errors import KemError
+from kem_port.gpu import constants
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
+
+HEAD = """
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+"""
+ENTRY = "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {"
+
+# Runaways in each loop position the token transform must see (inp is all zeros).
+RUNAWAYS = {
+    "continuing, break if": (HEAD + ENTRY + " var x = 0u; loop { x += 1u; continuing { break if inp[0] == 7u; } } out[g.x] = x; }", "main"),
+    "loop inside continuing": (HEAD + ENTRY + """ var x = 0u;
+        loop { if (inp[0] == 9u) { break; } continuing { for (var k = 0u; k < 3u; k++) { x += 1u; } } } out[g.x] = x; }""", "main"),
+    "continue from a switch": (HEAD + ENTRY + """ var x = 0u;
+        loop { switch (x % 2u) { case 0u: { x += 1u; continue; } default: { x += 3u; } } } out[g.x] = x; }""", "main"),
+    "helper through a pointer": (HEAD + "fn f(p: ptr<function, u32>) { loop { *p += 1u; } }\n" + ENTRY + " var x = 0u; f(&x); out[g.x] = x; }", "main"),
+    "second entry point": (HEAD + "fn spin() -> u32 { var y = 0u; loop { y += 1u; if (inp[0] == 5u) { break; } } return y; }\n"
+                           + ENTRY + " out[g.x] = spin(); }\n"
+                           "@compute @workgroup_size(64) fn b(@builtin(global_invocation_id) g: vec3<u32>) { out[g.x] = spin(); }", "b"),
+    "workgroup_size before compute": (HEAD + "@workgroup_size(64) @compute fn main(@builtin(global_invocation_id) g: vec3<u32>) {"
+                                      " var x = 0u; while true { x += 1u; } out[g.x] = x; }", "main"),
+    "module diagnostic": ("diagnostic(off, derivative_uniformity);\n" + HEAD + ENTRY + " var x = 0u; for (;;) { x += 1u; } out[g.x] = x; }", "main"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNAWAYS))
+def test_every_loop_shape_ends_by_its_cap_and_reports_it_ran_out(name):
+    text, entry = RUNAWAYS[name]
+    cap = 100
+    _, (gas, ran_out), form = run(text, np.zeros(64, np.uint32), 64, 1, cap, entry=entry)
+    assert form.metered and ran_out, name
+    assert 64 + 64 * (cap + 1) <= gas <= 64 + 64 * 2 * (cap + 2), gas
+
+
+@pytest.mark.parametrize("words", [64, 256])
+def test_an_honest_break_if_loop_matches_numpy(rng, words):
+    text = HEAD + ENTRY + """ var acc = 0u; var k = 0u;
+        loop { acc = acc * 7u + inp[g.x]; k += 1u; continuing { break if k >= inp[g.x] % 9u + 1u; } } out[g.x] = acc; }"""
+    data = rng.integers(0, 2**32, words, dtype=np.uint32)
+    out, (gas, ran_out), _ = run(text, data, words, words // 64, 10_000)
+    want = []
+    for value in data.tolist():
+        acc = 0
+        for _ in range(value % 9 + 1):
+            acc = (acc * 7 + value) & 0xFFFFFFFF
+        want.append(acc)
+    assert not ran_out and out.tolist() == want
+    assert gas == words + int(np.sum(data % 9 + 1))
+
+
+# out[i] = in[i] * 2 through workgroup memory sized by N, in three shapes
+# the bound did not count: rows of an alias, a max() count, a struct.
+SHAPES = {
+    "rows": "alias Row = array<f32, 64>;\nvar<workgroup> t: array<Row, N>;\n",
+    "max": "var<workgroup> t: array<array<f32, 64>, max(N, 1u)>;\n",
+}
+BODY = """
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = gid.x;
+    t[N - 1u][li] = a[min(i, arrayLength(&a) - 1u)];
+    workgroupBarrier();
+    if (i >= arrayLength(&b)) { return; }
+    b[i] = t[N - 1u][li] * 2.0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("wave3")
+    for name, shape in SHAPES.items():
+        (kernels / f"{name}.wgsl").write_text("override N: u32 = 4;\n" + shape + BODY)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
+        yield port
+
+
+@pytest.mark.parametrize("kernel", sorted(SHAPES))
+def test_workgroup_arrays_counted_by_their_elements_through_the_port(port, rng, kernel):
+    """BEFORE: 'rows' counted N (N = 1,025 is 65,600 elements), 'max' was
+    not read at all; both went to the compiler and ran."""
+    data = rng.standard_normal(200).astype(np.float32)
+    for n in (1025, 65536, 2**26):
+        with pytest.raises(PortError) as err:
+            port.call("execute", kernel.encode(), data.tobytes(), {"constants": {"N": n}})
+        assert err.value.reason == "bad_args" and "var<workgroup> t" in err.value.detail, err.value.detail
+    for opts in ({}, {"constants": {"N": 1024}}):  # 1,024 x 64 = 65,536: within
+        out = np.frombuffer(port.call("execute", kernel.encode(), data.tobytes(), opts), np.float32)
+        np.testing.assert_array_equal(out, data * 2)
+
+
+@pytest.mark.parametrize("n,over", [(16, False), (17, True), (4096, True)])
+def test_an_array_of_structs_counts_the_structs_elements(n, over):
+    """BEFORE: array<S, N> counted N; with S holding 4,096 floats, N = 4,096
+    ran 64 MiB of workgroup memory on lavapipe (KEM_ZERO_WORKGROUP=off)."""
+    shape = reflect("override N: u32 = 1;\nalias Quad = array<u32, 4>;\n"
+                    "struct Cell { @size(64) v: array<Quad, 1022>, w: vec4<f32> }\n"
+                    "struct S { a: Cell, b: array<u32, 4>, }\nvar<workgroup> t: array<S, N>;\n"
+                    "@compute @workgroup_size(1) fn main() { t[0].b[0] = 1u; }")
+    # S = Cell (1,022 x 4 + 1) + 4 = 4,093 elements; 16 x 4,093 = 65,488
+    if not over:
+        constants.check_workgroup_arrays(shape, {"N": n})
+        return
+    with pytest.raises(KemError) as err:
+        constants.check_workgroup_arrays(shape, {"N": n})
+    assert err.value.reason == "bad_args" and f"{n * 4093} elements" in err.value.detail, err.value.detail
+
+
+def test_deep_or_cyclic_types_are_read_in_bounded_time_or_refused():
+    """Aliases and structs nested past what kem writes out are refused
+    where an override sizes the variable, never counted as one element."""
+    chain = "".join(f"struct S{i} {{ a: array<S{i - 1}, 2> }}\n" for i in range(1, 40))
+    shape = reflect("override N: u32 = 1;\nstruct S0 { a: array<f32, 4> }\n" + chain
+                    + "var<workgroup> t: array<S39, N>;\n@compute @workgroup_size(1) fn main() { }")
+    with pytest.raises(KemError):
+        constants.check_workgroup_arrays(shape, {"N": 1})
+    wide = "".join(f"struct W{i} {{ " + ", ".join(f"m{k}: W{i - 1}" for k in range(50)) + " }\n" for i in range(1, 12))
+    shape = reflect("override N: u32 = 1;\nstruct W0 { a: u32 }\n" + wide
+                    + "var<workgroup> t: array<W11, N>;\n@compute @workgroup_size(1) fn main() { }")
+    with pytest.raises(KemError):
+        constants.check_workgroup_arrays(shape, {"N": 1})  # 50^11 elements, or unread: refused either way
