@@ -239,6 +239,8 @@ class Stages:
             size = item.job.call.output_size
             if item.gas is not None and gas_meter.refused(mapped_view, item.job, item.gas):  # ran out: gas_exhausted
                 continue
+            if item.job.call.usage:  # the node asked for its gas (docs/metering.md)
+                item.job.gas = gas_meter.used(mapped_view, item)
             if item.job.calls > 1:
                 outputs = gather(mapped_view, item)  # first: the canaries share its cache lines
                 if slots_intact(mapped_view, item, self.pipelines):  # else failed, its slot form retired

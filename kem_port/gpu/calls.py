@@ -39,6 +39,7 @@ class KernelCall:
     # so that the pipeline cache and admission can key on it (gpu/constants.py).
     constants: tuple[tuple[str, int | float], ...] | None = None
     gas_limit: int | None = None  # the call's gas budget (docs/metering.md); None: the node's KEM_GAS_LIMIT
+    usage: bool = False  # answer the call's gas beside its result (port/replies.py, docs/metering.md)
 
     @property
     def param_words(self) -> tuple[int, ...]:
@@ -64,6 +65,7 @@ class Job:
     tag: object = None  # the caller's id, for "where is this call?" (call_state.py)
     deadline: float | None = None  # time.monotonic() past which nobody waits for it
     calls: int = 1  # callers it answers (a GroupJob's slots, gpu/group_job.py)
+    gas: int | None = None  # a usage call's gas, set by the road that ran it before it answers (docs/metering.md)
 
     @property
     def batch_bytes(self) -> int:

@@ -62,9 +62,13 @@ def slot_for(limit: int, entry: EntryPoint | None, groups: tuple[int, int, int])
     return GasSlot(limit, launched, per_invocation_cap(limit, launched))
 
 
-def call_slot(call, pipeline, groups: tuple[int, int, int], default_limit: int) -> GasSlot | None:
-    """A call's slot when its pipeline is metered (the call's gas_limit, else the node's)."""
+def launch_slot(call, pipeline, groups: tuple[int, int, int], default_limit: int) -> GasSlot | None:
+    """A call's slot when its pipeline is metered (the call's gas_limit, else
+    the node's); a loop-free call's own limit is checked against what it
+    launches (its whole gas): gas_exhausted before it runs when short."""
     if pipeline.gas_layout is None:
+        if call.gas_limit is not None:
+            per_invocation_cap(call.gas_limit, invocations(pipeline.entry, groups))
         return None
     return slot_for(call.gas_limit or default_limit, pipeline.entry, groups)
 
@@ -127,6 +131,16 @@ def read(view: memoryview, slot: GasSlot) -> tuple[int, bool]:
     """(gas, ran out) of a landed dispatch, from the mapped output range."""
     words = view[slot.meter_offset : slot.meter_offset + wgsl_gas.METER_BYTES].cast("I")
     return meter_gas(words, slot.invocations)
+
+
+def used(view: memoryview, item) -> int:
+    """A landed call's gas (a Prepared, gpu/plan.py): its meter's count when
+    metered, else the invocations its own dispatch launches, counted here.
+    A loop-free call in a shared call-table dispatch counts its own plan's
+    dispatch, so its gas does not depend on who shared its batch."""
+    if item.gas is None:
+        return invocations(item.pipeline.entry, item.groups)
+    return read(view, item.gas)[0]
 
 
 def refused(view: memoryview, job, slot: GasSlot | None) -> bool:

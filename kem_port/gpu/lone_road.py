@@ -47,6 +47,7 @@ import wgpu
 from kem_port.gpu.calls import Job
 from kem_port.gpu.device import Device
 from kem_port.gpu.dispatch import plan_dispatch
+from kem_port.gpu.gas_meter import invocations
 from kem_port.gpu.lone_kit import Kit
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.pipelines import Pipelines
@@ -93,6 +94,7 @@ class LoneRoad:
         call = job.call
         if not (
             call.workgroups is None and call.grid is None and call.constants is None  # the kit keys on neither
+            and call.gas_limit is None  # its check is plan.prepare's (gas_meter.launch_slot)
             and not call.debug and call.output_path is None
             and 0 < call.output_size <= KIT_LIMIT and type(call.input) is bytes and len(call.input) <= KIT_LIMIT
         ):
@@ -122,6 +124,8 @@ class LoneRoad:
         if kit.groups_from_params:
             groups = plan_dispatch(kit.entry, call.output_size, call.param_words, None, kit.limits)
         result, stamps = self._call(kit, key, call.input, params, groups)
+        if call.usage:  # a kit's kernel has no loop: its gas is what it launched (docs/metering.md)
+            job.gas = invocations(kit.entry, groups)
         job.answer(memoryview(result))
         self._count((), job.enqueued, kit, fresh, started, *stamps)
         return True

@@ -65,7 +65,7 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     return Prepared(
         job, pipeline, groups,
         contract.input_binding_size(call), contract.output_binding_size(call), contract.params_binding_size(call),
-        gas=None if pipeline.gas_layout is None else gas_meter.call_slot(call, pipeline, groups, device.config.gas_limit),
+        gas=None if pipeline.gas_layout is None and call.gas_limit is None else gas_meter.launch_slot(call, pipeline, groups, device.config.gas_limit),
     )
 
 
@@ -94,7 +94,7 @@ class BatchPreparer:
             first = self._seen[key] = prepare(job, self._device, self._pipelines)
             return first
         self.reused += 1
-        gas = None if first.gas is None else gas_meter.call_slot(call, first.pipeline, first.groups, self._device.config.gas_limit)
+        gas = None if first.gas is None and call.gas_limit is None else gas_meter.launch_slot(call, first.pipeline, first.groups, self._device.config.gas_limit)
         return Prepared(job, first.pipeline, first.groups, first.in_size, first.out_size, first.u_size, gas=gas)
 
 
@@ -172,6 +172,10 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int, sh
         max_words = max_groups * (size[0] if size else 1)
         kernel = (pipeline.serial, item.job.call.kernel_id)
         group = open_groups.get(kernel)
+        if item.gas is not None and item.job.call.usage:  # metered, its gas asked: a meter of its own
+            groups.append(TableGroup(pipeline))
+            groups[-1].add(item)
+            continue
         if group is None or not sharing.shares_table(kernel[1]) or not group.fits(item, binding_limit, max_words):
             group = open_groups[kernel] = TableGroup(pipeline)
             groups.append(group)

@@ -227,7 +227,7 @@ class Intake:
 
         def answer(view: memoryview) -> None:
             release()
-            self.reply(req_id, call, view)
+            self.reply(req_id, call, view, job.gas)  # gas: a usage call's, set by its road
 
         def refuse(error: KemError) -> None:
             release()

@@ -148,13 +148,14 @@ class LoneCall:
         req_id, call, replies = request.req_id, request.call, self.replies
 
         def answer(view: memoryview) -> None:
-            replies.result(req_id, call, view)
+            replies.result(req_id, call, view, job.gas)  # gas: a usage call's, set by its road
 
         def refuse(error: KemError) -> None:
             log_frames.kernel_failed(call.kernel_id, error)
             replies.error(req_id, error)
 
-        return Job(call, source, answer, refuse, tag=req_id, deadline=request.deadline)
+        job = Job(call, source, answer, refuse, tag=req_id, deadline=request.deadline)
+        return job
 
 
 def plain(call: KernelCall) -> bool:

@@ -78,10 +78,15 @@ class Replies:
             for req_id in req_ids:
                 self.error(req_id, error)
 
-    def result(self, req_id: int, call: KernelCall, view: memoryview) -> None:
+    def result(self, req_id: int, call: KernelCall, view: memoryview, gas: int | None = None) -> None:
         """A kernel call's result: in the reply, or into the shared-memory
-        file the call named (the reply then carries only its size)."""
+        file the call named (the reply then carries only its size). A call
+        that asked for its usage (``usage => true``) has its gas beside it:
+        ``{ok, {Result, #{gas => G}}}`` (docs/metering.md)."""
         if call.output_path is None:
+            if call.usage:
+                self.writer.write([terms.ok_reply(req_id, with_gas(bytes(view), gas))])
+                return
             self.writer.write_result(req_id, view)
             return
         try:
@@ -89,12 +94,20 @@ class Replies:
         except KemError as exc:
             self.error(req_id, exc)
             return
-        self.writer.write([terms.ok_reply(req_id, (terms.atom("shm"), call.output_path, len(view)))])
+        value = (terms.atom("shm"), call.output_path, len(view))
+        self.writer.write([terms.ok_reply(req_id, with_gas(value, gas) if call.usage else value)])
 
     def node_sends_batches(self) -> None:
         """The peer has sent a calls or group frame (the node's kem_port.erl):
         from now on a step's small results may share a replies frame."""
         self.writer.batch_replies()
+
+
+def with_gas(value: Any, gas: int | None) -> tuple:
+    """The carrier of a call's usage (docs/metering.md): ``{Value, #{gas =>
+    G}}``, which kem:request_usage/2 and its siblings take apart (kem_usage.erl).
+    Any road may answer it to a call that asked (``usage => true``)."""
+    return (value, {terms.atom("gas"): gas if gas is not None else 0})
 
 
 def step_error_reply(req_id: Any, error: StepError) -> bytes:

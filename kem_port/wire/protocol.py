@@ -26,7 +26,7 @@ ENTRY_POINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 PROTOCOL_VERSION = 4  # 3: calls and replies frames (batch_frames.py); 4: group frames (group_frames.py); answered by the `version` method; the node checks it at start-up
 KERNEL_METHODS = ("execute_kernel", "execute_kernel_with_params", "execute")
 INLINE_METHODS = ("ping", "hello", "version", "adapter_info", "health", "call_state", "stats", "config", "test_hook", "warm")
-EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug", "grid", "constants", "gas_limit")
+EXECUTE_OPTS = ("output_size_hint", "output_size", "params", "workgroups", "entry_point", "output_shm", "debug", "grid", "constants", "gas_limit", "usage")
 # A kernel's overrides are few (the WebGPU samples declare 1-4); 64 bounds
 # what a caller can make kem check and key its caches on.
 MAX_CONSTANTS = 64
@@ -287,4 +287,7 @@ def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config,
     if debug:
         out_path = None  # a debug call answers in the reply, records beside the result
     gas = _positive_int(named["gas_limit"], "gas_limit", MAX_GAS) if "gas_limit" in named else None
-    return KernelCall(kid, data, size, params, groups, entry, out_path, debug, grid, overrides, gas)
+    usage = named.get("usage", False)  # the node asks for the call's gas beside its result (docs/metering.md)
+    if usage is not True and usage is not False:
+        raise bad_args("usage must be true or false")
+    return KernelCall(kid, data, size, params, groups, entry, out_path, debug, grid, overrides, gas, usage)

@@ -8,6 +8,8 @@
 %%%   packed as 32-bit little-endian words);
 %%% - both take `grid', `workgroups' and `constants' too (dev_kem_opts):
 %%%   a call with any of them is kem:execute/3's with those options;
+%%%   and `gas-limit' (digits), the call's gas budget (docs/metering.md):
+%%%   402 `gas_exhausted' when the kernel needs more;
 %%% - `get_adapter_info': the adapter as JSON; `info': a description (JSON);
 %%% - `run': a kernel by named buffers (dev_kem_run);
 %%% - `dashboard', `dashboard_data': the operators' page and its JSON (kem_dashboard);
@@ -22,7 +24,7 @@
 %%% original's). Fields may also all be message keys, without a body.
 %%%
 %%% Success is a 200 with the raw result bytes and the call's usage as
-%%% `kem-usage-*' keys. A failure carries `status', `error' and `reason' as
+%%% `kem-usage-*' keys, `kem-usage-gas' among them (docs/metering.md). A failure carries `status', `error' and `reason' as
 %%% top-level keys (HTTP headers: kem's own short ASCII, never a detail,
 %%% which may quote a stranger's kernel; kem_reply) and those with
 %%% `details' as a JSON body: a bad request is a 4xx naming the problem, a
@@ -33,7 +35,7 @@
          get_adapter_info/3, execute_chain/3, run/3, dashboard/3, dashboard_data/3]).
 -export([duplicate_key/1, string_input/0, field/3]).  % for dev_kem_chain and dev_kem_run
 
--define(FIELDS, [kernel_id, input_data, output_size_hint, params, grid, workgroups, constants]).
+-define(FIELDS, [kernel_id, input_data, output_size_hint, params, grid, workgroups, constants, gas_limit]).
 -define(DISPATCH_FIELDS, [grid, workgroups, constants]).
 
 %% @doc Only these keys are reachable through the device.
@@ -263,7 +265,7 @@ args(Key, Fields, Opts) ->
             ok = not_an_image_file(Input),
             {Key, Params, byte_size(Input)}
     end,
-    case dispatch_opts(Fields, Opts, byte_size(Input), OutBytes) of
+    case gas_limit(Fields, dispatch_opts(Fields, Opts, byte_size(Input), OutBytes)) of
         none -> {ok, Method, {KernelId, Input, Third}};
         Extra when Method =:= execute_kernel -> {ok, execute, {KernelId, Input, Extra#{output_size_hint => Third}}};
         Extra -> {ok, execute, {KernelId, Input, Extra#{params => Third}}}
@@ -285,6 +287,18 @@ dispatch_opts(Fields, Opts, InBytes, OutBytes) ->
                 {error, Why} -> bad(400, bad_args, Why)
             end
     end.
+
+%% `gas-limit' joins the call's options: an integer 1..2^63-1 (kem_args'
+%% bound) or its digits, at most 64 bytes of them parsed.
+gas_limit(#{gas_limit := V}, Extra) ->
+    case gas_value(V) of
+        N when is_integer(N), N >= 1, N < 1 bsl 63 -> (case Extra of none -> #{}; Map -> Map end)#{gas_limit => N};
+        _ -> bad(400, bad_args, <<"gas-limit must be an integer 1..2^63-1 (docs/metering.md)">>)
+    end;
+gas_limit(_Fields, Extra) -> Extra.
+
+gas_value(Bin) when is_binary(Bin), byte_size(Bin) =< 64 -> try header_integer(Bin) catch error:badarg -> bad end;
+gas_value(V) -> V.
 
 kernel_id(Id) when is_binary(Id), Id =/= <<>> -> Id;
 kernel_id(missing) -> bad(<<"kernel-id is required">>);

@@ -30,13 +30,15 @@
                   debug => boolean()}.
 %% What one call cost, for metering: `us' is GPU time where the port
 %% measured it (`clock => gpu'), else the caller's wall time (`clock => wall');
-%% `node' is the node whose GPU ran it (another one when forwarded, kem_cluster).
+%% `node' is the node whose GPU ran it (another one when forwarded, kem_cluster);
+%% `gas' what the kernel did (docs/metering.md), where the caller asked for usage.
 -type usage() :: #{kernel_id := binary() | undefined,
                    bytes_in := non_neg_integer(),
                    bytes_out := non_neg_integer(),
                    us := non_neg_integer(),
                    clock := gpu | wall,
-                   node => node()}.
+                   node => node(),
+                   gas => non_neg_integer()}.
 -export_type([kernel_id/0, opts/0, usage/0]).
 
 -define(KERNEL_METHODS, [execute_kernel, execute_kernel_with_params, execute, run]).
@@ -59,7 +61,7 @@ execute(KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_ma
     case kem_args:execute_opts(Opts) of
         {ok, Timeout, Budget, WantUsage, PortOpts} ->
             T = case Timeout of default -> default_timeout(); _ -> Timeout end,
-            case budgeted(execute, {KernelId, Input, PortOpts}, Budget, T) of
+            case budgeted(execute, {KernelId, Input, PortOpts}, Budget, T, WantUsage) of
                 {{ok, {Result, Debug}}, _Usage} when is_map(Debug) -> {ok, Result, #{debug => Debug}};
                 {{ok, Result}, Usage} when WantUsage -> {ok, Result, Usage};
                 {Reply, _Usage} -> Reply
@@ -88,7 +90,7 @@ request(Method, Args) ->
 -spec request_usage(term(), term()) -> {{ok, binary()} | {error, kem_port:reason()}, usage()}.
 request_usage(Method, Args) when Method =:= execute_kernel; Method =:= execute_kernel_with_params;
                                  Method =:= execute ->
-    budgeted(Method, Args, request_budget(), default_timeout());
+    budgeted(Method, Args, request_budget(), default_timeout(), true);
 request_usage(_Method, _Args) ->
     {{error, {bad_args, <<"request(execute_kernel | execute_kernel_with_params | execute, Args)">>}}, no_usage()}.
 
@@ -135,7 +137,7 @@ health() ->
 %% without local GPUs (or with all its ports down), to another kem node.
 -spec call(term(), term(), term()) -> {ok, term()} | {error, kem_port:reason()}.
 call(Method, Args, Timeout) ->
-    element(1, call_usage(Method, Args, Timeout)).
+    element(1, call_checked(Method, Args, Timeout, false)).
 
 %% @doc `call/3', also returning what the call cost; every call that passes
 %% the argument checks is counted in `kem_metrics' here, the one road all
@@ -143,8 +145,12 @@ call(Method, Args, Timeout) ->
 -spec call_usage(term(), term(), term()) ->
     {{ok, term()} | {error, kem_port:reason()}, usage()}.
 call_usage(Method, Args, Timeout) ->
+    call_checked(Method, Args, Timeout, true).
+
+%% Gas: whether the port is asked for the call's gas (kem_usage:ask_gas/2).
+call_checked(Method, Args, Timeout, Gas) ->
     case kem_args:call(Method, Args, Timeout) of
-        ok -> checked_call(Method, Args, Timeout);
+        ok -> checked_call(Method, Args, Timeout, Gas);
         Error -> {Error, no_usage()}
     end.
 
@@ -236,13 +242,13 @@ adapters() ->
 
 %%% internals
 
-budgeted(Method, Args, Budget, Timeout) ->
+budgeted(Method, Args, Budget, Timeout, Gas) ->
     case kem_args:call(Method, Args, Timeout) of
         ok ->
             {_, Input, Third} = Args,
             Size = kem_args:output_size(Method, Input, Third),
             case Budget =:= infinity orelse Size =< Budget of
-                true -> checked_call(Method, Args, Timeout);
+                true -> checked_call(Method, Args, Timeout, Gas);
                 false -> {{error, {too_large, over_budget(Size, Budget)}}, no_usage()}
             end;
         Error ->
@@ -258,15 +264,19 @@ request_budget() ->
         _ -> 16 bsl 20
     end.
 
-%% Arguments checked: quarantine, a port, the call, its cost.
-checked_call(Method, Args, Timeout) ->
+%% Arguments checked: quarantine, a port, the call, its cost. With Gas the
+%% port is asked for the call's gas, which joins the usage record; the
+%% caller and kem_metrics (by the caller's Method) see the reply without it.
+checked_call(Method, Args, Timeout, Gas) ->
+    {PortMethod, PortArgs} = case Gas of true -> kem_usage:ask_gas(Method, Args); false -> {Method, Args} end,
     Start = erlang:monotonic_time(microsecond),
-    {Reply, Node} = case kem_cluster:local_gpus() of
-        true -> local_or_fallback(Method, Args, Timeout);
-        false -> kem_cluster:forward(Method, Args, Timeout)
+    {Answer, Node} = case kem_cluster:local_gpus() of
+        true -> local_or_fallback(PortMethod, PortArgs, Timeout);
+        false -> kem_cluster:forward(PortMethod, PortArgs, Timeout)
     end,
     WallUs = erlang:monotonic_time(microsecond) - Start,
-    {Reply, done(Method, kem_usage:of_call(Args, Reply, WallUs, Node), Reply)}.
+    {Reply, GasUsed} = kem_usage:take_gas(Answer),
+    {Reply, done(Method, kem_usage:with_gas(kem_usage:of_call(Args, Reply, WallUs, Node), GasUsed), Reply)}.
 
 %% @doc Run Method/Args on this node's ports only (a call forwarded here:
 %% its arguments were checked where it was made).

@@ -121,12 +121,17 @@ retry_after(_Reason, Reply) ->
     Reply.
 
 usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us, clock := Clock}) ->
-    #{<<"kem-usage-kernel-id">> => kernel_ids(K),
+    gas_key(Usage, #{<<"kem-usage-kernel-id">> => kernel_ids(K),
       <<"kem-usage-node">> => atom_to_binary(maps:get(node, Usage, node()), utf8),
       <<"kem-usage-bytes-in">> => In,
       <<"kem-usage-bytes-out">> => Out,
       <<"kem-usage-us">> => Us,
-      <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}.
+      <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}).
+
+%% `kem-usage-gas' where the record has gas (docs/metering.md): every kernel
+%% call's; not yet a chain's or a named run's (their roads are not metered).
+gas_key(#{gas := Gas}, Keys) when is_integer(Gas) -> Keys#{<<"kem-usage-gas">> => Gas};
+gas_key(_Usage, Keys) -> Keys.
 
 %% A chain's ids, comma-joined, can run to 256 x 128 bytes: cut at the last
 %% whole id that fits, with `,...' saying so (metering has the full list).

@@ -120,6 +120,9 @@ via_slot(Caller, Slot, Port, {Method, Args, Kernel, Input, Opts}, Timeout) ->
         erlang:raise(Class, Why, Stack)
     end.
 
+%% A call that asked for its usage has it beside the file's name (kem_usage).
+slot_answer({ok, {{shm, _, _} = Shm, Usage}}, Slot, Pipe) when is_map(Usage) ->
+    kem_usage:beside(slot_answer({ok, Shm}, Slot, Pipe), Usage);
 slot_answer({ok, {shm, _Paths, Size}}, Slot, _Pipe) when is_integer(Size), Size >= 0 ->
     kem_shm_slots:read_result(Slot, Size);
 slot_answer({ok, {shm, _Paths, _Bad}}, _Slot, _Pipe) ->
@@ -151,6 +154,8 @@ settle(Slot, _Result, _Answer, Caller) ->
         false -> kem_shm_slots:discard(Slot)
     end.
 
+answer({ok, {{shm, _, _} = Shm, Usage}}, Out, Pipe) when is_map(Usage) ->
+    kem_usage:beside(answer({ok, Shm}, Out, Pipe), Usage);
 answer({ok, {shm, _Path, Size}}, Out, _Pipe) ->
     read_result(Out, Size);
 answer({error, {shm_error, _}}, _Out, Pipe) ->

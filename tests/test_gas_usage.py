@@ -1,0 +1,105 @@
+"""Gas in the usage record (issue 27, docs/metering.md), at the port: a
+call with ``usage => true`` is answered ``{Result, #{gas => G}}`` on every
+road it may take (the batch road, the reader's lone road and its kit, a
+shared-memory result), G the count worked by hand; a call without it is
+answered as before; a loop-free call's own ``gas_limit`` below what it
+launches is gas_exhausted before it runs. Erlang's side:
+erlang/kem/test/kem_gas_usage_tests.erl.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from kem_port.client import PortError, plain
+from kem_port.wire import terms
+
+COUNTING = b"""
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x >= arrayLength(&out)) { return; }
+  var acc = 0u;
+  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
+  out[g.x] = acc;
+}
+"""
+AFFINE = b"""
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x >= arrayLength(&out)) { return; }
+  out[g.x] = 3u * inp[g.x] + 1u;
+}
+"""
+
+
+def launched(words: int) -> int:
+    return (words + 63) // 64 * 64
+
+
+@pytest.fixture(scope="module")
+def shm_dir(tmp_path_factory):
+    shm = tmp_path_factory.mktemp("gas_usage_shm") / "shm"
+    shm.mkdir(mode=0o700)  # private, as kem_shm_dir makes it (tests/test_shm.py)
+    return shm
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory, shm_dir):
+    kernels = tmp_path_factory.mktemp("gas_usage")
+    (kernels / "counting.wgsl").write_bytes(COUNTING)
+    (kernels / "affine.wgsl").write_bytes(AFFINE)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_SHM_DIR=str(shm_dir)) as client:
+        yield client
+
+
+def with_usage(port, kernel: bytes, data: np.ndarray, **opts) -> tuple[bytes, int]:
+    result, usage = port.call("execute", kernel, data.tobytes(), {"usage": True, **opts})
+    return terms.binary_bytes(result), plain(usage)["gas"]
+
+
+@pytest.mark.parametrize("words", [1, 64, 100, 5000])
+def test_a_looping_call_answers_its_hand_counted_gas(port, rng, words):
+    data = rng.integers(0, 40, words, dtype=np.uint32)
+    out, gas = with_usage(port, b"counting", data)
+    assert out == (data * (data.astype(np.int64) - 1) // 2).astype(np.uint32).tobytes()
+    assert gas == launched(words) + int(data.sum())
+
+
+@pytest.mark.parametrize("words", [1, 100, 4096, 300_000])
+def test_a_loop_free_call_answers_its_invocations_on_every_road(port, rng, words):
+    data = rng.integers(0, 2**20, words, dtype=np.uint32)
+    want = (3 * data + 1).astype(np.uint32).tobytes()
+    for _ in range(2):  # the first call compiles (batch road); the next may take the reader's kit
+        out, gas = with_usage(port, b"affine", data)
+        assert (out, gas) == (want, launched(words))
+    assert port.call("execute", b"affine", data.tobytes(), {}) == want  # without usage: the bare result
+
+
+def test_a_shared_memory_result_has_its_gas_beside_it(port, rng, shm_dir):
+    """As Erlang's kem_shm sends a large call: the input and the result in
+    files; the reply names the result's file and size, its gas beside."""
+    data = rng.integers(0, 2**20, 300_000, dtype=np.uint32)
+    (shm_dir / "1.in").write_bytes(data.tobytes())
+    reply = port.call("execute", b"affine", (terms.atom("shm"), str(shm_dir / "1.in").encode()),
+                      {"usage": True, "output_shm": str(shm_dir / "1.out").encode()})
+    (name, _path, size), usage = plain(reply)
+    assert (name, size, usage["gas"]) == ("shm", data.nbytes, launched(300_000))
+    assert (shm_dir / "1.out").read_bytes() == (3 * data + 1).astype(np.uint32).tobytes()
+
+
+def test_a_loop_free_calls_own_limit_counts_what_it_launches(port, rng):
+    data = rng.integers(0, 2**20, 100, dtype=np.uint32)
+    with pytest.raises(PortError) as caught:
+        port.call("execute", b"affine", data.tobytes(), {"gas_limit": 127})
+    assert caught.value.reason == "gas_exhausted" and "limit 127" in caught.value.detail
+    assert with_usage(port, b"affine", data, gas_limit=128)[1] == 128
+
+
+def test_usage_must_be_a_boolean(port):
+    with pytest.raises(PortError) as caught:
+        port.call("execute", b"affine", bytes(4), {"usage": 1})
+    assert caught.value.reason == "bad_args" and "usage" in caught.value.detail
