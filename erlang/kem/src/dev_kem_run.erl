@@ -15,7 +15,9 @@
 %%%   message `{1: X, 2: Y, 3: Z}' (a list after HyperBEAM's
 %%%   normalisation); one of them is required;
 %%% - `constants': the kernel's overrides, name => number (dev_kem_opts);
-%%% - `entry-point' (default `main').
+%%% - `entry-point' (default `main');
+%%% - `gas-limit': the call's gas budget, an integer or decimal digits,
+%%%   1..2^63-1 (docs/metering.md); past it, 402 `gas_exhausted'.
 %%%
 %%% Reply: 200 with the `kem-usage-*' keys and `buffers', a nested message
 %%% of every output and in/out buffer, each `#{<<"body">> => Bytes}'. Not
@@ -35,7 +37,7 @@
 %% seconds of the node's CPU).
 -define(MAX_DIGITS, 20).
 -define(MAX_NAME_SHOWN, 64).
--define(FIELDS, [kernel_id, buffers, outputs, workgroups, grid, constants, entry_point]).
+-define(FIELDS, [kernel_id, buffers, outputs, workgroups, grid, constants, entry_point, gas_limit]).
 
 %% @doc `dev_kem:run/3'.
 -spec run(map(), map(), map()) -> {ok, map()} | {error, map()}.
@@ -97,7 +99,18 @@ request(Msgs, Opts) ->
                 E when is_binary(E), E =/= <<>> -> #{entry_point => E};
                 _ -> refuse(<<"entry-point must be a non-empty string">>)
             end,
-    {KernelId, Buffers, maps:merge(Entry, Dispatch#{outputs => Outputs})}.
+    Gas = gas_limit(maps:get(gas_limit, Fields, missing)),
+    {KernelId, Buffers, maps:merge(maps:merge(Entry, Gas), Dispatch#{outputs => Outputs})}.
+
+%% The budget as kem:run/3 takes it; digits as a header or part gives them.
+gas_limit(missing) -> #{};
+gas_limit(Bin) when is_binary(Bin) ->
+    case decimal(Bin) of
+        {ok, N} -> gas_limit(N);
+        error -> gas_limit(bad)
+    end;
+gas_limit(N) when is_integer(N), N >= 1, N < 1 bsl 63 -> #{gas_limit => N};
+gas_limit(_) -> refuse(400, bad_args, <<"gas-limit must be an integer 1..2^63-1 (docs/metering.md)">>).
 
 %% Each field from the first message that has it (Msg2, then Msg1, as
 %% dev_kem reads); one message giving both names of a field is refused.

@@ -5,8 +5,11 @@
 %%% kernel declares, and a `var<storage, read_write>' used in place. `Opts':
 %%% `outputs => #{Name => Bytes}' (the size of each output not given in
 %%% place), `workgroups => {X, Y, Z}' (required: kem's default rules are for
-%%% kem@1.0-shaped kernels), `entry_point', `timeout'. The reply is
-%%% `{ok, #{Name => Bytes}}': every output and in/out buffer by WGSL name.
+%%% kem@1.0-shaped kernels), `entry_point', `timeout', `gas_limit' (the
+%%% call's gas budget, 1..2^63-1, else the node's; docs/metering.md). The
+%%% reply is `{ok, #{Name => Bytes}}': every output and in/out buffer by
+%%% WGSL name; a looping kernel that passes its budget is
+%%% `{error, {gas_exhausted, Detail}}', its port untouched.
 %%% The call takes kem:call_usage/3's road: argument checks, quarantine,
 %%% placement, timeout, metrics.
 -module(kem_run).
@@ -19,9 +22,16 @@ run(KernelId, Buffers, Opts) when is_binary(KernelId), is_map(Buffers), is_map(O
         {T, Rest} -> {T, Rest};
         error -> {kem:default_timeout(), Opts}
     end,
-    element(1, kem:call_usage(run, {KernelId, Buffers, PortOpts}, Timeout));
+    case gas_limit_ok(maps:get(gas_limit, PortOpts, 1)) of
+        true -> element(1, kem:call_usage(run, {KernelId, Buffers, PortOpts}, Timeout));
+        false -> {error, {bad_args, <<"gas_limit must be an integer 1..2^63-1 (docs/metering.md)">>}}
+    end;
 run(_KernelId, _Buffers, _Opts) ->
     {error, {bad_args, <<"run(KernelId :: binary(), Buffers :: #{Name => binary()}, Opts :: map())">>}}.
+
+%% As execute's (kem_args): refused before any port, in the same words.
+-spec gas_limit_ok(term()) -> boolean().
+gas_limit_ok(V) -> is_integer(V) andalso V > 0 andalso V < 1 bsl 63.
 
 -ifdef(TEST).
 -include_lib("eunit/include/eunit.hrl").
@@ -29,5 +39,7 @@ run(_KernelId, _Buffers, _Opts) ->
 refused_before_any_port_test() ->
     ?assertMatch({error, {bad_args, _}}, run(<<"k">>, [], #{})),
     ?assertMatch({error, {bad_args, <<"each buffer", _/binary>>}}, run(<<"k">>, #{<<"a">> => 7}, #{})),
-    ?assertMatch({error, {bad_args, <<"timeout", _/binary>>}}, run(<<"k">>, #{}, #{timeout => -1})).
+    ?assertMatch({error, {bad_args, <<"timeout", _/binary>>}}, run(<<"k">>, #{}, #{timeout => -1})),
+    [?assertMatch({error, {bad_args, <<"gas_limit", _/binary>>}}, run(<<"k">>, #{}, #{gas_limit => Bad}))
+     || Bad <- [0, -1, 1 bsl 63, <<"100">>]].
 -endif.
