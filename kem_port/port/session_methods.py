@@ -152,7 +152,7 @@ class SessionMethods:
         resolver = self.resolver
         try:
             source = resolver.resolve_local(kernel_id) or resolver.fetch(kernel_id)
-            return self.guard.admit_for_session(source, entry, constants) if self.guard is not None else source
+            return self.guard.admit_for_session(source, entry, constants, gas=True) if self.guard is not None else source
         except KemError as exc:
             if exc.reason == "shader_error":  # the admission worker's compile: name the kernel (issue 26)
                 exc = KemError(exc.reason, named_shader(exc.detail, kernel_id))
@@ -226,4 +226,4 @@ def _all_admitted(guard: CompileGuard | None, resolver: KernelResolver, steps: l
     if guard is None:
         return True
     sources = [(resolver.resolve_local(s.kernel_id), s) for s in _kernels(steps)]
-    return all(src is not None and guard.is_admitted_for_session(src, s.entry_point, s.constants) for src, s in sources)
+    return all(src is not None and guard.is_admitted_for_session(src, s.entry_point, s.constants, gas=True) for src, s in sources)
