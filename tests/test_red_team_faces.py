@@ -10,6 +10,7 @@ import os
 import stat
 import tempfile
 
+import numpy as np
 import pytest
 
 from kem_port.port import runtime_dir
@@ -140,3 +141,155 @@ def _ask_with_stderr(sock, err, request):
         reply += chunk
     answer = json.loads(reply)
     return int(answer["code"]), int(answer["pid"])
+
+
+# -- the playground ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def playground():
+    import threading
+
+    from kem_port.playground.bench import Bench
+    from kem_port.playground.server import PlaygroundServer
+
+    bench = Bench()
+    srv = PlaygroundServer("127.0.0.1", 0, bench)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    bench.close()
+
+
+def _raw(server, head: str, body: bytes = b"", timeout: float = 60) -> tuple[int | None, dict | None]:
+    """One request as raw bytes (header values a client library would not
+    send); the status and JSON answer, or (None, None) if the connection
+    closed with no answer."""
+    import json
+    import socket
+
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(head.replace("HOST", f"127.0.0.1:{port}").encode("latin-1") + body)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    if not got:
+        return None, None
+    status_line, _, rest = got.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2], parse_constant=_standard_only)
+
+
+def _standard_only(name: str) -> None:
+    raise AssertionError(f"the answer is not standard JSON: it holds {name}")
+
+
+def _post_head(length: str) -> str:
+    return f"POST /api/check HTTP/1.1\r\nHost: HOST\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "\u00b9\u00b3", "1" * 5000])
+def test_playground_odd_content_length_is_a_json_refusal(playground, length):
+    """A Content-Length of non-ASCII digits (latin-1 superscripts: str.isdigit
+    says yes, int() says no) or of 5,000 digits (past Python's int parsing
+    limit) raised out of the handler: no answer, a traceback on the console."""
+    status, answer = _raw(playground, _post_head(length))
+    assert status == 411 and answer["error"]["reason"] == "bad_args"
+
+
+def test_playground_deeply_nested_body_is_a_json_refusal(playground):
+    body = b"[" * 200_000  # json.loads: RecursionError, not ValueError
+    status, answer = _raw(playground, _post_head(str(len(body))), body)
+    assert status == 400 and answer["error"] == {"reason": "bad_args", "detail": "the body is not JSON"}
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_playground_answers_standard_json_only(playground, constant):
+    """Python's json reads NaN and Infinity (and 1e999 as inf); /api/check
+    echoed them back in its report as bare NaN/Infinity, which a browser's
+    response.json() cannot parse. The body is refused as not JSON instead."""
+    import json
+
+    code = json.dumps("override A: f32 = 1.0;\n@compute @workgroup_size(1) fn main() { }\n").encode()
+    body = b'{"code": ' + code + b', "constants": {"A": ' + constant + b"}}"
+    status, answer = _raw(playground, _post_head(str(len(body))), body)
+    assert status == 400 and answer["error"]["reason"] == "bad_args", answer
+
+
+def test_playground_a_stalled_body_is_answered_not_held(playground, monkeypatch):
+    """A client that sends a Content-Length and stalls held its thread
+    forever (no socket timeout); now it is answered 408 after
+    BODY_TIMEOUT_S (set to 1 s here, on the real handler class)."""
+    import time
+
+    from kem_port.playground import server
+
+    assert server.Handler.timeout == server.BODY_TIMEOUT_S == 30.0
+    monkeypatch.setattr(server.Handler, "timeout", 1.0)
+    started = time.monotonic()
+    status, answer = _raw(playground, _post_head("100"), b"{", timeout=20)
+    assert status == 408 and answer["error"]["reason"] == "bad_args"
+    assert time.monotonic() - started < 10
+
+
+LONG_LOOP = """@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x >= arrayLength(&output_words)) { return; }
+  var x = input_words[g.x] | 1u;
+  loop { if (x == 0u) { break; } x = x * 3u + 2u; }
+  output_words[g.x] = x;
+}
+"""
+DOUBLE = """@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x < arrayLength(&output_words)) { output_words[g.x] = input_words[g.x] * 2u + 1u; }
+}
+"""
+
+
+def _post(server, route: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=timeout)
+    conn.request("POST", route, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def test_playground_stays_responsive_while_a_long_run_holds_the_device(playground, rng):
+    """A Run has no deadline, only gas: a loop that never ends on its own,
+    over 2^17 invocations, runs ~12 s on lavapipe (24.5 s at 2^18) before its
+    gas or the driver stops it. The editor's check (every pause in typing)
+    waited behind it for all of that; now it is answered `overloaded` within
+    BUSY_WAIT_S, and the server serves normally after."""
+    import threading
+    import time
+
+    from kem_port.playground.bench import BUSY_WAIT_S
+
+    bench = playground.bench
+    assert _post(playground, "/api/run", {"code": LONG_LOOP, "input": {"kind": "hex", "text": "01000000"}})[0] == 200
+    long_run: dict = {}
+    thread = threading.Thread(target=lambda: long_run.update(answer=_post(
+        playground, "/api/run", {"code": LONG_LOOP, "input": {"kind": "random", "size": 1 << 19, "seed": 3}})))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not bench._lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    status, answer = _post(playground, "/api/check", {"code": DOUBLE})
+    waited = time.monotonic() - started
+    still_running = thread.is_alive()
+    thread.join(300)
+    assert long_run["answer"][0] == 200
+    assert waited < BUSY_WAIT_S + 3, f"the check waited {waited:.1f} s behind the Run"
+    assert still_running and (status, answer["error"]["reason"]) == (503, "overloaded"), answer
+    # After it, the device serves again: a Run equals numpy.
+    words = rng.integers(0, 1 << 32, int(rng.integers(1, 3000)), dtype=np.uint32)
+    status, answer = _post(playground, "/api/run", {"code": DOUBLE, "input": {"kind": "hex", "text": words.tobytes().hex()}})
+    assert status == 200 and answer["outputs"][0]["hex"] == (words * np.uint32(2) + np.uint32(1)).astype("<u4").tobytes()[:4096].hex()

@@ -43,6 +43,9 @@ CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' d
 # the version's one home is the only "N.N.N" string literal in kem_port).
 LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 DEFAULT_HOST = str(LOOPBACK[1])
+# A request's line, headers and body must each arrive within this: a client
+# that sends a Content-Length and then stalls held its thread forever.
+BODY_TIMEOUT_S = 30.0
 STATUS = {"bad_args": 400, "too_large": 413, "internal": 500, "no_adapter": 503, "overloaded": 503}
 
 
@@ -71,10 +74,27 @@ def loopback(host: str) -> bool:
     return address in LOOPBACK
 
 
+def _not_json(name: str) -> None:
+    """NaN and Infinity: Python reads them, JSON has no such words, and an
+    answer echoing one (a check's report) would not parse in the page."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999: a JSON number Python reads as inf
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 class Handler(BaseHTTPRequestHandler):
     server: PlaygroundServer
     server_version = "kem-playground"
     sys_version = ""
+    timeout = BODY_TIMEOUT_S  # socketserver sets it on the connection
+    # Buffered: a reply's headers and a short body leave in one send (unbuffered,
+    # they were two, and a client reading one recv saw the headers only).
+    wbufsize = -1
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if not self._host_ok():
@@ -125,7 +145,9 @@ class Handler(BaseHTTPRequestHandler):
             self._error(415, "bad_args", "send application/json")
             return None
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        # ASCII digits only, and few of them: str.isdigit() passes '²', which
+        # int() refuses, and int() refuses 4,300 digits or more.
+        if length is None or not (length.isascii() and length.isdigit() and len(length) <= 20):
             self._error(411, "bad_args", "a Content-Length is required")
             return None
         if int(length) > MAX_BODY:
@@ -133,8 +155,14 @@ class Handler(BaseHTTPRequestHandler):
             self._error(413, "too_large", f"request body of {length} bytes, over the playground's {MAX_BODY}")
             return None
         try:
-            body = json.loads(self.rfile.read(int(length)))
-        except (ValueError, UnicodeDecodeError):
+            data = self.rfile.read(int(length))
+        except OSError:  # TimeoutError: the body stalled
+            self.close_connection = True
+            self._error(408, "bad_args", f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s")
+            return None
+        try:
+            body = json.loads(data, parse_constant=_not_json, parse_float=_finite)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; deep nesting a RecursionError
             self._error(400, "bad_args", "the body is not JSON")
             return None
         if not isinstance(body, dict):
@@ -157,6 +185,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
         self.wfile.write(data)
+        self.wfile.flush()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.debug("%s " + format, self.address_string(), *args)
