@@ -96,11 +96,28 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation
 """
 
 
+# The same with literal and const counts (admission's bound): ROWS rows of 64.
+LITERAL = {
+    "alias": "alias Row = array<f32, 64>;\nvar<workgroup> t: array<Row, ROWS>;\n",
+    "struct": "struct Row { v: array<f32, 64> }\nvar<workgroup> t: array<Row, ROWS>;\n",
+    "const": "const ALL = ROWS * 64u;\nvar<workgroup> t: array<array<f32, 64>, ALL / 64u>;\n",
+}
+LITERAL_BODY = BODY.replace("t[N - 1u][li]", "t[0][li]").replace("t[0][li]", "t[0].v[li]")
+
+
+def literal_kernel(shape: str, rows: int) -> str:
+    body = LITERAL_BODY if shape == "struct" else LITERAL_BODY.replace("t[0].v[li]", "t[0][li]")
+    return LITERAL[shape].replace("ROWS", f"{rows}u") + body
+
+
 @pytest.fixture(scope="module")
 def port(tmp_path_factory):
     kernels = tmp_path_factory.mktemp("wave3")
     for name, shape in SHAPES.items():
         (kernels / f"{name}.wgsl").write_text("override N: u32 = 4;\n" + shape + BODY)
+    for shape in LITERAL:
+        (kernels / f"{shape}_within.wgsl").write_text(literal_kernel(shape, 1024))  # 65,536 elements
+        (kernels / f"{shape}_over.wgsl").write_text(literal_kernel(shape, 65536))  # 16 MiB
     with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
         yield port
 
@@ -149,3 +166,16 @@ def test_deep_or_cyclic_types_are_read_in_bounded_time_or_refused():
                     + "var<workgroup> t: array<W11, N>;\n@compute @workgroup_size(1) fn main() { }")
     with pytest.raises(KemError):
         constants.check_workgroup_arrays(shape, {"N": 1})  # 50^11 elements, or unread: refused either way
+
+
+@pytest.mark.parametrize("shape", sorted(LITERAL))
+def test_literal_workgroup_arrays_counted_through_aliases_structs_and_consts(port, rng, shape):
+    """BEFORE: admission counted array<Row, 65536> as 65,536 elements and a
+    const count not at all; each of the three ran 16 MiB of workgroup memory
+    on lavapipe (clearing on)."""
+    data = rng.standard_normal(200).astype(np.float32)
+    with pytest.raises(PortError) as err:
+        port.call("execute", f"{shape}_over".encode(), data.tobytes(), {})
+    assert err.value.reason == "kernel_rejected" and "var<workgroup> t holds 4194304 elements" in err.value.detail, err.value.detail
+    out = np.frombuffer(port.call("execute", f"{shape}_within".encode(), data.tobytes(), {}), np.float32)
+    np.testing.assert_array_equal(out, data * 2)

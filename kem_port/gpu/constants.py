@@ -140,6 +140,15 @@ def _elements(type_text: str, ints: tuple[tuple[str, int], ...], overrides: froz
     return total, named
 
 
+def literal_elements(type_text: str) -> int | None:
+    """The elements of a var<workgroup> type (wgsl_workgroup.py's text)
+    whose counts are literals and consts only, for admission's bound
+    (admission/limits.py); None when a count names an override (this
+    module's, per constants set) or cannot be read."""
+    total, _ = _elements(type_text, ())
+    return total or None
+
+
 def _array_counts(type_text: str) -> list[str]:
     """The element count of each array level of a type, outermost first."""
     counts: list[str] = []
