@@ -7,7 +7,10 @@
 %%% (only `kernel-id' required; snake_case names work too), or a copy or
 %%% clear of buffers earlier steps made, `{"copy": [Src, SrcOffset, Dst,
 %%% DstOffset, Size]}' or `{"clear": [Buffer, Offset, Size]}'. The reply is
-%%% the last step's output.
+%%% the last step's output. `"gas-limit": N' (an integer 1..2^63-1, or its
+%%% digits in a message body) is the whole chain's gas budget
+%%% (docs/metering.md): a looping step that runs out answers 402
+%%% `gas_exhausted', "step N: ...".
 %%% Sessions are not offered here: an ao process is deterministic and
 %%% replayable on any node, a session lives on one node's GPU.
 -module(dev_kem_chain).
@@ -34,7 +37,7 @@ fields(Body, Origin) ->
         Fields = snake(0, Body),
         Steps = steps(maps:get(<<"steps">>, Fields, missing)),
         Input = input(maps:get(<<"input_data">>, Fields, <<>>), Origin),
-        {ok, Steps, #{input => Input}}
+        {ok, Steps, gas_limit(maps:get(<<"gas_limit">>, Fields, none), #{input => Input})}
     catch
         throw:{bad_request, Reason, Detail} -> {bad_request, Reason, Detail}
     end.
@@ -109,6 +112,15 @@ field(_, <<"clear">>, [Buffer, Offset, Size], Acc) when is_binary(Buffer), is_in
     Acc#{clear => {Buffer, Offset, Size}};
 field(N, Key, _, _) when is_binary(Key) ->
     bad(N, <<"bad or unknown field ", Key/binary>>).
+
+gas_limit(none, Opts) -> Opts;
+gas_limit(N, Opts) when is_integer(N), N >= 1, N < 1 bsl 63 -> Opts#{gas_limit => N};
+gas_limit(Digits, Opts) when is_binary(Digits), byte_size(Digits) =< 19 ->
+    case re:run(Digits, <<"^[0-9]+$">>) of
+        {match, _} -> gas_limit(binary_to_integer(Digits), Opts);
+        nomatch -> gas_limit(bad, Opts)
+    end;
+gas_limit(_, _) -> bad(0, bad_args, <<"gas-limit must be an integer 1..2^63-1 (docs/metering.md)">>).
 
 input(List, _Origin) when is_list(List) ->
     case lists:all(fun(B) -> is_integer(B) andalso B >= 0 andalso B =< 255 end, List) of

@@ -105,22 +105,31 @@ buffer_free(Session, Name) ->
 %% `bind => #{WgslName => BufferName}', or the call's own `buffers'. A
 %% kernel of any other shape binds every buffer so, takes `<<>>' as Input
 %% and `grid' or `workgroups', and returns `#{Name => Bytes}' of what
-%% `outputs' made and its in/out `buffers'. Opts as a chain step's.
+%% `outputs' made and its in/out `buffers'. Opts as a chain step's, and
+%% `gas_limit' (a looping kernel that passes it: `{gas_exhausted, Detail}').
 -spec call(session(), kem:kernel_id(), binary(), map()) -> {ok, binary() | #{binary() => binary()}} | {error, reason()}.
 call(Session, KernelId, Input, Opts) when is_binary(KernelId), is_binary(Input), is_map(Opts) ->
     {Timeout, PortOpts} = take_timeout(Opts),
-    on_port(Session, session_call, [KernelId, Input, PortOpts], Timeout);
+    gas_checked(PortOpts, fun() -> on_port(Session, session_call, [KernelId, Input, PortOpts], Timeout) end);
 call(_, _, _, _) ->
     {error, {bad_args, <<"session_call(Session, KernelId :: binary(), Input :: binary(), Opts :: map())">>}}.
 
 %% @doc Run Steps in one submission. Opts: `session' (its buffers can be
 %% named; without one every intermediate is temporary), `input' (the first
 %% step's input bytes), `return' (buffer names: the result is then
-%% `#{Name => Bytes}'; without it, the last step's output), `timeout'.
-%% A failing step: `{error, {Reason, #{step => N, detail => Text}}}'.
+%% `#{Name => Bytes}'; without it, the last step's output), `timeout',
+%% `gas_limit' (the whole chain's gas budget, docs/metering.md; default
+%% the node's `gas_limit').
+%% A failing step: `{error, {Reason, #{step => N, detail => Text}}}'; a
+%% looping step that ran out of gas: `{gas_exhausted, #{step => N, ...}}'.
 -spec chain([step()], map()) -> {ok, binary() | #{binary() => binary()}} | {error, reason()}.
 chain(Steps, Opts) when is_list(Steps), is_map(Opts) ->
     {Timeout, Rest} = take_timeout(Opts),
+    gas_checked(Rest, fun() -> chain_on_port(Steps, Rest, Timeout) end);
+chain(_, _) ->
+    {error, {bad_args, <<"chain(Steps :: [map()], Opts :: map())">>}}.
+
+chain_on_port(Steps, Rest, Timeout) ->
     case maps:take(session, Rest) of
         {Session, PortOpts} -> on_port(Session, chain, [Steps, PortOpts], Timeout);
         error ->
@@ -128,9 +137,14 @@ chain(Steps, Opts) when is_list(Steps), is_map(Opts) ->
                 {ok, Port} -> kem_port:call(Port, chain, {undefined, Steps, Rest}, Timeout);
                 Error -> Error
             end
-    end;
-chain(_, _) ->
-    {error, {bad_args, <<"chain(Steps :: [map()], Opts :: map())">>}}.
+    end.
+
+%% A bad gas_limit is refused before the port, in kem:execute/3's words
+%% (kem_args); the port checks it again (wire/session_protocol.py).
+gas_checked(#{gas_limit := V}, _Run) when not (is_integer(V) andalso V > 0 andalso V < 1 bsl 63) ->
+    {error, {bad_args, <<"gas_limit must be an integer 1..2^63-1 (docs/metering.md)">>}};
+gas_checked(_Opts, Run) ->
+    Run().
 
 %%% the owner monitor
 

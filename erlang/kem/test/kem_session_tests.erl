@@ -127,6 +127,11 @@ a_runaway_ends_by_its_gas_and_the_session_goes_on() ->
     ?assertEqual(add(add(Start, Input), Input), After),
     ?assertEqual({ok, <<>>}, kem:session_call(S, <<"accumulate">>, Input, #{output_size => 0})),
     ?assertEqual({ok, add(After, Input)}, kem:buffer_read(S, acc)),
+    [?assertMatch({error, {bad_args, <<"gas_limit", _/binary>>}}, Run())
+     || Bad <- [0, -1, 1 bsl 63, <<"100">>],
+        Run <- [fun() -> kem:session_call(S, <<"spin">>, <<0:2048>>, #{gas_limit => Bad}) end,
+                fun() -> kem:chain([Spin], #{session => S, gas_limit => Bad}) end,
+                fun() -> kem:chain([maps:remove(input, Spin)], #{input => <<0:2048>>, gas_limit => Bad}) end]],
     ?assertEqual(Pids, [kem_port:os_pid(P) || P <- kem_sup:port_names()]),
     ok = kem:session_close(S).
 
@@ -219,7 +224,8 @@ wait_for(Fun, Want, Tries) ->
 dev_kem_chain_test_() ->
     {setup, fun start/0, fun stop/1,
      [{timeout, 60, fun dev_kem_chain_equals_composition/0},
-      {timeout, 60, fun dev_kem_chain_bad_requests/0}]}.
+      {timeout, 60, fun dev_kem_chain_bad_requests/0},
+      {timeout, 60, fun dev_kem_chain_runs_out_of_gas_with_402/0}]}.
 
 chain_body(Map) -> kem_json:encode(Map).
 
@@ -232,6 +238,28 @@ dev_kem_chain_equals_composition() ->
     Expected = kem_ref:double_ref(kem_ref:double_ref(kem_ref:double_ref(Input, 64), 128), 128),
     ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := Expected}},
                  dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{})).
+
+%% The chain's `gas-limit' in the body; a runaway step is 402 naming it.
+dev_kem_chain_runs_out_of_gas_with_402() ->
+    Input = binary_to_list(crypto:strong_rand_bytes(256)),
+    Steps = [#{<<"kernel_id">> => <<"double">>}, #{<<"kernel-id">> => <<"spin">>}],
+    {error, #{<<"status">> := 402, <<"reason">> := <<"gas_exhausted">>, <<"body">> := Body}} =
+        dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(#{<<"input-data">> => Input, <<"steps">> => Steps,
+                                                                 <<"gas-limit">> => 100000})}, #{}),
+    {ok, #{<<"details">> := Detail}} = kem_json:decode(Body),
+    ?assertMatch({match, _}, re:run(Detail, <<"^step 2: gas used [0-9]+ of limit 100000 ">>)),
+    [?assertMatch({error, #{<<"status">> := 400}},
+                  dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(#{<<"input-data">> => Input, <<"steps">> => Steps,
+                                                                          <<"gas-limit">> => Bad})}, #{}))
+     || Bad <- [0, -5, <<"12a">>, 1 bsl 63, [1]]],
+    %% A message body's digits, as dev_kem's other sizes: double's 64 words
+    %% launch one workgroup of 256, so 256 is its whole gas.
+    Doubled = kem_ref:double_ref(list_to_binary(Input), 256),
+    Message = fun(Limit) -> dev_kem:execute_chain(#{}, #{<<"body">> => #{<<"input-data">> => list_to_binary(Input),
+                                                                         <<"steps">> => [hd(Steps)],
+                                                                         <<"gas-limit">> => Limit}}, #{}) end,
+    ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := Doubled}}, Message(<<"256">>)),
+    ?assertMatch({error, #{<<"status">> := 402}}, Message(<<"255">>)).
 
 dev_kem_chain_bad_requests() ->
     Run = fun(Map) -> dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(Map)}, #{}) end,
