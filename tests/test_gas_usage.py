@@ -103,3 +103,61 @@ def test_usage_must_be_a_boolean(port):
     with pytest.raises(PortError) as caught:
         port.call("execute", b"affine", bytes(4), {"usage": 1})
     assert caught.value.reason == "bad_args" and "usage" in caught.value.detail
+
+
+# -- the Python API and the CLI (docs/python.md, docs/cli.md) -------------------
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from kem_port.api.runner import Runner
+
+    made = Runner()
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize("words", [64, 1000])
+def test_the_api_answers_each_calls_gas_and_takes_a_limit(tmp_path, rng, runner, words):
+    from kem_port import api
+
+    (tmp_path / "counting.wgsl").write_bytes(COUNTING)
+    kernel = str(tmp_path / "counting.wgsl")
+    data = rng.integers(0, 30, words, dtype=np.uint32)
+    want = (data * (data.astype(np.int64) - 1) // 2).astype(np.uint32)
+    np.testing.assert_array_equal(api.run(kernel, data, runner=runner), want)
+    assert runner.gas == launched(words) + int(data.sum())
+    enough = launched(words) * (1 + int(data.max()))  # shared evenly: each may loop as the busiest does
+    np.testing.assert_array_equal(api.run(kernel, data, runner=runner, gas_limit=enough), want)
+    with pytest.raises(PortError) as caught:
+        api.run(kernel, data, runner=runner, gas_limit=enough - 1)
+    assert caught.value.reason == "gas_exhausted"
+    (tmp_path / "affine.wgsl").write_bytes(AFFINE)
+    api.run(str(tmp_path / "affine.wgsl"), data, runner=runner)
+    assert runner.gas == launched(words)  # no loop: what it launched
+
+
+def test_run_debug_answers_gas(tmp_path, rng, runner):
+    from kem_port import api
+
+    path = tmp_path / "counting.wgsl"
+    path.write_bytes(COUNTING)
+    data = rng.integers(0, 30, 100, dtype=np.uint32)
+    assert api.run_debug(str(path), data, runner=runner).gas == launched(100) + int(data.sum())
+
+
+def test_kem_run_takes_a_gas_limit_and_prints_gas(tmp_path):
+    from cli_helpers import kem
+
+    (tmp_path / "counting.wgsl").write_bytes(COUNTING)
+    (tmp_path / "in.bin").write_bytes(np.full(64, 10, np.uint32).tobytes())
+    run = ("run", str(tmp_path / "counting.wgsl"), "--input", str(tmp_path / "in.bin"), "-o", str(tmp_path / "out.bin"))
+    done = kem(tmp_path, "-v", *run, "--gas-limit", "704")
+    assert done.returncode == 0, done.stderr
+    assert "gas: 704" in done.stderr.decode()
+    assert (tmp_path / "out.bin").read_bytes() == np.full(64, 45, np.uint32).tobytes()
+    done = kem(tmp_path, *run, "--gas-limit", "703")
+    assert done.returncode != 0 and "gas_exhausted" in done.stderr.decode()
+    for bad in ("0", "-3", "lots", str(1 << 63)):
+        done = kem(tmp_path, *run, "--gas-limit", bad)
+        assert done.returncode == 2 and "gas limit" in done.stderr.decode(), bad

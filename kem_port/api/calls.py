@@ -45,6 +45,7 @@ def run(
     out_shape: Sequence[int] | None = None,
     grid: tuple[int, int, int] | None = None,
     constants: Mapping[str, int | float] | None = None,
+    gas_limit: int | None = None,
     runner: Runner | None = None,
 ) -> np.ndarray | bytes:
     """Run a kem kernel once and return its output.
@@ -68,6 +69,10 @@ def run(
     out_shape: the returned array's shape. Without it, an output of the
         input's size and dtype takes the input's shape (an ``(h, w, 4)``
         image in, an ``(h, w, 4)`` image out); any other output is flat.
+    gas_limit: the call's gas budget (invocations launched + loop iterations,
+        docs/metering.md); default ``KEM_GAS_LIMIT``. Past it: KemError
+        ``gas_exhausted``. The call's gas is then ``runner.gas``
+        (:func:`default_runner` for the shared one).
     runner: the Runner to use (its own settings); default: a shared one.
 
     Raises :class:`kem_port.errors.KemError` (``.reason``, ``.detail``) with
@@ -76,7 +81,7 @@ def run(
     """
     return (runner or default_runner()).run(
         kernel, input, output_size=output_size, hint=hint, params=params, workgroups=workgroups,
-        entry_point=entry_point, dtype=dtype, grid=grid, constants=constants, out_shape=out_shape,
+        entry_point=entry_point, dtype=dtype, grid=grid, constants=constants, out_shape=out_shape, gas_limit=gas_limit,
     )
 
 
@@ -92,11 +97,12 @@ def run_named(kernel: str | Path, buffers: Mapping, outputs: Mapping | None = No
 class DebugRun:
     """A debug call's answer: the output, shaped as :func:`run` shapes it,
     the u32 records the kernel wrote to its debug channel (binding 15,
-    docs/debug.md), and how many did not fit."""
+    docs/debug.md), how many did not fit, and the call's gas (docs/metering.md)."""
 
     output: np.ndarray | bytes
     records: list[int]
     dropped: int
+    gas: int = 0
 
 
 def run_debug(kernel: str | Path, input: Input, *, runner: Runner | None = None, dtype: Any = None,
@@ -109,7 +115,8 @@ def run_debug(kernel: str | Path, input: Input, *, runner: Runner | None = None,
     call = runner.call(source, input_bytes(input), debug=True, **options)
     runner.compile(source, call)
     out, debug = runner.execute_debug(source, call)
-    return DebugRun(shape_output(out, input, dtype, out_shape), [int(r) for r in debug["records"]], int(debug["dropped"]))
+    return DebugRun(shape_output(out, input, dtype, out_shape), [int(r) for r in debug["records"]], int(debug["dropped"]),
+                    int(debug.get("gas", 0)))
 
 
 def health(runner: Runner | None = None) -> dict[str, Any]:

@@ -61,6 +61,7 @@ class Runner:
     config: Config = field(default_factory=Config.from_env)
     stats: Stats = field(default_factory=Stats)
     timings: Timings = field(default_factory=Timings)
+    gas: int | None = None  # the last call's gas: invocations launched + loop iterations (docs/metering.md)
 
     def __post_init__(self) -> None:
         self._executor: Any = None
@@ -150,10 +151,12 @@ class Runner:
         debug: bool = False,
         grid: Sequence[int] | None = None,
         constants: Mapping[str, int | float] | None = None,
+        gas_limit: int | None = None,
     ) -> KernelCall:
         """A KernelCall checked by the port's own rules (protocol.kernel_call)."""
         return checked_call(self.config, source.kernel_id, data, output_size=output_size, hint=hint, params=params,
-                            workgroups=workgroups, entry_point=entry_point, debug=debug, grid=grid, constants=constants)
+                            workgroups=workgroups, entry_point=entry_point, debug=debug, grid=grid, constants=constants,
+                            gas_limit=gas_limit)
 
     def compile(self, source: KernelSource, call: KernelCall) -> Any:
         """Check the kernel against kem's contract and compile it (naga); the Pipeline."""
@@ -183,6 +186,7 @@ class Runner:
             started = time.perf_counter()
             result = gpu.run_debug(self.executor, job)
             self.timings.run = time.perf_counter() - started
+        self.gas = result[1].get("gas")
         return result
 
     def execute(self, source: KernelSource, call: KernelCall) -> bytes:
@@ -195,6 +199,7 @@ class Runner:
             started = time.perf_counter()
             self.executor.run([job])
             self.timings.run = time.perf_counter() - started
+        self.gas = job.gas
         if failure:
             raise failure[0]
         return answer[0]
@@ -213,14 +218,15 @@ class Runner:
         grid: tuple[int, int, int] | None = None,
         constants: Mapping[str, int | float] | None = None,
         out_shape: Sequence[int] | None = None,
+        gas_limit: int | None = None,
     ) -> np.ndarray | bytes:
         """See :func:`kem_port.api.run`."""
-        self.timings = Timings()
+        self.timings, self.gas = Timings(), None
         data = input_bytes(input)
         source = self.source(kernel)
         call = self.call(
             source, data, output_size=output_size, hint=hint, params=params_bytes(params),
-            workgroups=workgroups, entry_point=entry_point, grid=grid, constants=constants,
+            workgroups=workgroups, entry_point=entry_point, grid=grid, constants=constants, gas_limit=gas_limit,
         )
         self.compile(source, call)
         out = self.execute(source, call)

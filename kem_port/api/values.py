@@ -79,10 +79,13 @@ def array_of(data: bytes, dtype: Any = None, shape: Sequence[int] | None = None)
 
 def checked_call(config: Any, kernel_id: str, data: bytes, *, output_size: int | None, hint: int, params: bytes | None,
                  workgroups: Sequence[int] | None, entry_point: str, debug: bool, grid: Sequence[int] | None,
-                 constants: Mapping[str, int | float] | None) -> Any:
-    """A KernelCall checked by the port's own rules (protocol.kernel_call), from Python values."""
+                 constants: Mapping[str, int | float] | None, gas_limit: int | None = None) -> Any:
+    """A KernelCall checked by the port's own rules (protocol.kernel_call), from
+    Python values; it answers its gas (``usage``: the API reports every call's)."""
     atom = terms.atom
-    opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode()), atom("debug"): debug}
+    opts: dict[Any, Any] = {atom("entry_point"): terms.Binary(entry_point.encode()), atom("debug"): debug, atom("usage"): True}
+    if gas_limit is not None:
+        opts[atom("gas_limit")] = gas_limit
     if output_size is not None:
         opts[atom("output_size")] = operator.index(output_size)
     else:

@@ -11,7 +11,7 @@ from kem_port.errors import KemError
 
 
 # Options of the plain call that a call by named buffers has no place for.
-_PLAIN_ONLY = (("debug", "--debug"), ("params", "--params"), ("params_hex", "--params-hex"),
+_PLAIN_ONLY = (("debug", "--debug"), ("gas_limit", "--gas-limit"), ("params", "--params"), ("params_hex", "--params-hex"),
                ("output_size", "--output-size"), ("png", "--png"), ("raw", "--raw"))
 
 
@@ -42,11 +42,25 @@ def add_parser(sub) -> None:
                         help="run in the warm kem process (started on first use, ends after 10 idle minutes): "
                              "a second run skips the device open and the compile (docs/cli.md)")
     parser.add_argument("--debug", action="store_true", help="bind the kernel's debug channel and print its records on stderr (docs/debug.md)")
+    parser.add_argument("--gas-limit", type=_gas_limit, metavar="N",
+                        help="the call's gas budget: invocations launched + loop iterations (docs/metering.md); "
+                             "default KEM_GAS_LIMIT; -v prints the gas used")
     parser.add_argument(
         "--png", nargs="?", const="input", type=_png_size, metavar="WxH",
         help="encode the RGBA output as a PNG of WxH pixels (default: the PNG input's size)",
     )
     parser.set_defaults(handler=handle, usage_error=parser.error)
+
+
+def _gas_limit(text: str) -> int:
+    """A positive integer below 2^63 (the port's bound), said as argparse says a bad value."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a gas limit (an integer 1..2^63-1)")
+    return value
 
 
 def _png_size(text: str):
@@ -79,7 +93,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         call = runner.call(
             source, loaded.data, output_size=args.output_size, hint=args.hint, params=params,
             workgroups=args.workgroups, entry_point=args.entry_point, debug=args.debug,
-            grid=args.grid, constants=dict(args.constant) if args.constant else None,
+            grid=args.grid, constants=dict(args.constant) if args.constant else None, gas_limit=args.gas_limit,
         )
         if not runner.executor.is_warm(source, call):
             console.progress(f"compiling {source.kernel_id}")
@@ -92,6 +106,8 @@ def handle(args: argparse.Namespace, console: Console) -> int:
     where = output.write_output(data, args.output, png_size is not None)
     for line in runner.timings.lines():
         console.detail(line)
+    if runner.gas is not None:
+        console.detail(f"gas: {runner.gas}")
     console.detail(f"{len(result)} bytes out to {where}")
     return 0
 
