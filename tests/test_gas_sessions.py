@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import start_port
 
-from kem_port.client import PortError
+from kem_port.client import PortError, plain
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu.executor import Executor
@@ -259,3 +259,24 @@ def test_a_runaway_step_in_process_names_its_index(service):
     with pytest.raises(StepError) as caught:
         service.run(lambda: service.chains.run(Chain(steps, bytes(256), None, None, gas_limit=64 * 3 * 100)))
     assert caught.value.reason == "gas_exhausted" and caught.value.step == 1
+
+
+def test_usage_true_answers_the_gas_beside_the_result(port, session, rng):
+    """The execute road's carrier ({Result, #{gas => G}}, port/replies.with_gas) on a
+    session call and a chain; hand counts: 64 invocations + sum(in) iterations each
+    counting step; double (loop-free) its 256 invocations."""
+    data = rng.integers(0, 50, 64, dtype=np.uint32)
+    value, usage = port.call("session_call", session.ref, "counting", data.tobytes(), {"output_size": 256, "usage": True})
+    assert binary_bytes(value) == triangle(data).tobytes() and plain(usage) == {"gas": 64 + int(data.sum())}
+    assert session.call("counting", data.tobytes(), output_size=256) == triangle(data).tobytes()  # not asked: as before
+    steps = [{"kernel": "counting"}, {"copy": ("x", 0, "y", 0, 4)}, {"kernel": "double", "output_size": 256},
+             {"kernel": "counting", "input": "x", "output": "z", "output_size": 256}]
+    x = rng.integers(0, 30, 64, dtype=np.uint32)
+    session.create("x", x.tobytes())
+    session.create("y", 4)
+    value, usage = port.call("chain", session.ref, steps, {"input": data.tobytes(), "return": ["z"], "usage": True})
+    assert {binary_bytes(k).decode(): binary_bytes(v) for k, v in value.items()} == {"z": triangle(x).tobytes()}
+    assert plain(usage) == {"gas": (64 + int(data.sum())) + 256 + (64 + int(x.sum()))}
+    with pytest.raises(PortError) as caught:
+        port.call("chain", session.ref, steps, {"input": data.tobytes(), "usage": 1})
+    assert caught.value.reason == "bad_args"

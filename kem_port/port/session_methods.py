@@ -29,7 +29,7 @@ from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.wire.protocol import RequestError
 from kem_port.wire.session_requests import BufferRequest, ChainRequest
-from kem_port.port.replies import Replies
+from kem_port.port.replies import Replies, with_gas
 from kem_port.stats import Stats
 
 INLINE_STEPS = 16
@@ -83,8 +83,8 @@ class SessionMethods:
     # -- kernels in a session, chains --------------------------------------
 
     def _kernel_method(self, request: ChainRequest) -> None:
-        req_id, method, ref, steps, data, returns, gas_limit = (request.req_id, request.method, request.ref, request.steps,
-                                                                request.data, request.returns, request.gas_limit)
+        req_id, method, ref, steps, data, returns, metering = (request.req_id, request.method, request.ref, request.steps,
+                                                               request.data, request.returns, request.metering)
         resolver = self.resolver
         remote = [s.kernel_id for s in _kernels(steps) if resolver.resolve_local(s.kernel_id) is None]
         for index, step in enumerate(steps):
@@ -98,7 +98,7 @@ class SessionMethods:
                 chain_steps = self._steps(steps)
             except StepError as exc:
                 raise _shaped(method, exc) from None
-            work = self._chain_work(method, ref, Chain(chain_steps, data, returns, None, gas_limit))
+            work = self._chain_work(method, ref, Chain(chain_steps, data, returns, None, metering.gas_limit), metering.usage)
             self._submit(req_id, work, small=not later and self._small_chain(ref, steps, chain_steps, data))
 
         if later:
@@ -117,19 +117,21 @@ class SessionMethods:
         return Step(self._source(index, s.kernel_id, s.entry_point, s.constants), s.params, s.workgroups, s.entry_point,
                     s.bind, s.input, s.output, s.output_size, s.grid, s.constants, s.buffers, s.outputs)
 
-    def _chain_work(self, method: str, ref, chain: Chain) -> Work:
-        """The chain (its session looked up when it runs); its answer. The
-        gas it used is on ChainResult.gas (docs/metering.md) for a usage record."""
+    def _chain_work(self, method: str, ref, chain: Chain, usage: bool) -> Work:
+        """The chain (its session looked up when it runs); its answer, with
+        the gas it used beside it when the caller asked (``usage => true``:
+        ``{Result, #{gas => G}}``, the execute road's carrier, docs/metering.md)."""
         store, chains = self.service.sessions, self.service.chains
 
         def work() -> Any:
             session = store.get(*ref) if ref is not None else None
             try:
-                result = chains.run(replace(chain, session=session)).value
+                result = chains.run(replace(chain, session=session))
             except StepError as exc:
                 raise _shaped(method, exc) from None
             # Buffer names go back as binaries (a str key would become an atom).
-            return {n.encode(): v for n, v in result.items()} if isinstance(result, dict) else result
+            value = {n.encode(): v for n, v in result.value.items()} if isinstance(result.value, dict) else result.value
+            return with_gas(value, result.gas) if usage else value
 
         return work
 

@@ -30,9 +30,10 @@ MAX_STEPS = 256
 MAX_STEP_BUFFERS = 64  # a step's own buffers: far over WebGPU's 8 storage + 12 uniform buffers a stage
 STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "output", "output_size", "grid",
              "constants", "buffers", "outputs")
-# gas_limit is the call's or the whole chain's, not a step's (gpu/session/chain_gas.py)
-CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs", "gas_limit")
-CHAIN_OPTS = ("input", "return", "gas_limit")
+# gas_limit and usage are the call's or the whole chain's, not a step's (gpu/session/chain_gas.py)
+CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs",
+             "gas_limit", "usage")
+CHAIN_OPTS = ("input", "return", "gas_limit", "usage")
 
 
 @dataclass(frozen=True)
@@ -179,19 +180,29 @@ def _step_buffers(value: Any, config: Config) -> dict[str, bytes]:
     return found
 
 
-def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> tuple[StepArgs, int | None]:
+@dataclass(frozen=True)
+class Metering:
+    """A call's or chain's gas options (docs/metering.md)."""
+
+    gas_limit: int | None = None  # the whole chain's budget; None: the node's KEM_GAS_LIMIT
+    usage: bool = False  # answer {Result, #{gas => G}} (port/replies.with_gas)
+
+
+def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> tuple[StepArgs, Metering]:
     """session_call's one step (the call's input in, output_size bytes out,
     by default as many as the input: chain_plan's default for a first
-    step) and the call's gas_limit."""
+    step) and the call's gas options."""
     opts = options(opts_term, CALL_OPTS, "option")
-    gas = gas_limit(opts.pop("gas_limit", None))
+    metering = _metering(opts.pop("gas_limit", None), opts.pop("usage", False))
     opts["kernel"] = kernel
-    return _step(opts, config), gas
+    return _step(opts, config), metering
 
 
-def gas_limit(value: Any) -> int | None:
-    """A call's or chain's gas_limit option, checked as execute's is (wire/protocol.py)."""
-    return None if value is None else _positive_int(value, "gas_limit", MAX_GAS)
+def _metering(limit: Any, usage: Any) -> Metering:
+    """gas_limit checked as execute's is (wire/protocol.py), usage a boolean."""
+    if usage is not True and usage is not False:
+        raise bad_args("usage must be true or false")
+    return Metering(None if limit is None else _positive_int(limit, "gas_limit", MAX_GAS), usage)
 
 
 def _step(opts: dict[str, Any], config: Config) -> StepArgs:
@@ -228,9 +239,9 @@ def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyArgs | ClearA
     return steps
 
 
-def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None, int | None]:
+def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None, Metering]:
     opts = options(value, CHAIN_OPTS, "chain option")
-    gas = gas_limit(opts.get("gas_limit"))
+    gas = _metering(opts.get("gas_limit"), opts.get("usage", False))
     data = binary(opts["input"], "input", config) if "input" in opts else b""
     returns = None
     if "return" in opts:

@@ -49,7 +49,7 @@ class ChainRequest:
     steps: list[sp.StepArgs]
     data: bytes
     returns: tuple[str, ...] | None
-    gas_limit: int | None = None  # the whole chain's (docs/metering.md); None: the node's KEM_GAS_LIMIT
+    metering: sp.Metering = sp.Metering()  # gas_limit and usage (docs/metering.md)
 
 
 def read_session(req_id: int, method: str, args: tuple, config: Config) -> BufferRequest | ChainRequest:
@@ -59,14 +59,14 @@ def read_session(req_id: int, method: str, args: tuple, config: Config) -> Buffe
         sp.arity(args, 4, "{Session, KernelId, Input, Opts}")
         ref = sp.session_ref(args[0])
         data = sp.binary(args[2], "Input", config)
-        step, gas_limit = sp.call_step(args[1], data, args[3], config)
-        return ChainRequest(req_id, method, ref, [step], data, None, gas_limit)
+        step, metering = sp.call_step(args[1], data, args[3], config)
+        return ChainRequest(req_id, method, ref, [step], data, None, metering)
     if method == "chain":
         sp.arity(args, 3, "{Session | undefined, Steps, Opts}")
         chain_ref = None if atom_name(args[0]) == "undefined" else sp.session_ref(args[0])
         steps = sp.chain_steps(args[1], config)
-        data, returns, gas_limit = sp.chain_opts(args[2], config)
-        return ChainRequest(req_id, method, chain_ref, steps, data, returns, gas_limit)
+        data, returns, metering = sp.chain_opts(args[2], config)
+        return ChainRequest(req_id, method, chain_ref, steps, data, returns, metering)
     if method == "session_open":
         return BufferRequest(req_id, method, quota=sp.open_quota(args))
     return _buffer_request(req_id, method, args, config)
