@@ -293,3 +293,94 @@ def test_playground_stays_responsive_while_a_long_run_holds_the_device(playgroun
     words = rng.integers(0, 1 << 32, int(rng.integers(1, 3000)), dtype=np.uint32)
     status, answer = _post(playground, "/api/run", {"code": DOUBLE, "input": {"kind": "hex", "text": words.tobytes().hex()}})
     assert status == 200 and answer["outputs"][0]["hex"] == (words * np.uint32(2) + np.uint32(1)).astype("<u4").tobytes()[:4096].hex()
+
+
+EVIL_PAGE = """<!doctype html><html><body>
+<iframe name="sink"></iframe>
+<form id="form" method="POST" action="PG/api/run" enctype="text/plain" target="sink">
+<input name='{"code": "CODE", "x": "' value='"}'></form>
+<script>
+const pg = "PG", body = JSON.stringify({code: "CODE", input: {kind: "hex", text: "01000000"}});
+const tried = {};
+async function attempt(name, url, init) {
+  try { const r = await fetch(url, init); tried[name] = "answered " + r.type + " " + r.status; }
+  catch (e) { tried[name] = "blocked"; }
+}
+(async () => {
+  await attempt("no_cors_text", pg + "/api/run", {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body});
+  await attempt("no_cors_form", pg + "/api/run", {method: "POST", mode: "no-cors", body: new URLSearchParams({code: "x"})});
+  await attempt("cors_json", pg + "/api/run", {method: "POST", headers: {"Content-Type": "application/json"}, body});
+  await attempt("cors_read", pg + "/app.js", {});
+  navigator.sendBeacon(pg + "/api/run", body);
+  document.getElementById("form").submit();
+  setTimeout(() => { document.title = "done " + JSON.stringify(tried); }, 1500);
+})();
+</script></body></html>"""
+
+
+def test_playground_a_strangers_page_cannot_run_or_read_it(playground, caplog):
+    """A page on another origin the author visits in the same browser (real
+    headless Chromium): text/plain and form-encoded no-cors POSTs, a form
+    post, sendBeacon, a JSON POST (preflighted) and a cross-origin read.
+    None reaches a Run: the server answers them 415 or 501 (the preflight),
+    never 200, and the page reads nothing. And a DNS-rebinding name that
+    resolves to the playground's address gets 421, not the page."""
+    import http.server
+    import json
+    import logging
+    import threading
+
+    from browser import wait_for
+
+    host, port = playground.server_address[:2]
+    origin = f"http://{host}:{port}"
+    page = EVIL_PAGE.replace("PG", origin).replace("CODE", "@compute @workgroup_size(1) fn main() {}").encode()
+
+    class Evil(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    evil = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Evil)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    driver = open_browser_resolving(f"MAP rebind.test {host}")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="kem_port.playground"):
+            driver.get(f"http://127.0.0.2:{evil.server_address[1]}/")
+            title = wait_for(driver, lambda d: d.title.startswith("done") and d.title)
+            tried = json.loads(title[len("done "):])
+            assert tried["cors_json"] == "blocked" and tried["cors_read"] == "blocked", tried
+            driver.get(f"http://rebind.test:{port}/")
+            text = driver.find_element("tag name", "body").text
+            assert '"bad_host"' in text and "kem" not in driver.title.lower()
+        lines = [r.getMessage() for r in caplog.records if r.name == "kem_port.playground"]
+        runs = [line for line in lines if "/api/run" in line]
+        assert runs, lines  # the attempts did arrive
+        assert not [line for line in runs if '" 200 ' in line], runs
+        assert all('" 415 ' in line or '" 501 ' in line for line in runs), runs
+    finally:
+        driver.quit()
+        evil.shutdown()
+        evil.server_close()
+
+
+def open_browser_resolving(rule: str):
+    """tests/browser.py's Chromium with a host-resolver rule (a DNS-rebinding name)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from browser import WINDOW, chromium_paths
+
+    binary, driver = chromium_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--host-resolver-rules={rule}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
