@@ -384,3 +384,51 @@ def open_browser_resolving(rule: str):
                  f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--host-resolver-rules={rule}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(driver), options=options)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root")
+def test_another_user_is_not_served_by_my_warm_process(tmp_path):
+    """The runtime dir (0700) and the socket (0600) keep other users out;
+    with both loosened here on purpose, the server's peer-uid check is the
+    second lock: a process of uid 65534 that connects and sends a full
+    request with its three fds gets the connection closed, no answer, and
+    nothing is run (its -o file is never written)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kem_port.warm import client
+
+    root = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix="kem-red-warm-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        env = {**os.environ, "PYTHONPATH": str(root), "KEM_KERNEL_DIR": str(tmp_path / "kernels")}
+        proc, path = _start_warm(folder, env)
+        try:
+            path.chmod(0o666)  # loosened: only the uid check is left
+            out = folder / "out.bin"
+            request = json.dumps({"argv": ["run", "double", "--hex", "01000000", "-o", str(out)], "cwd": "/", "umask": 0}).encode()
+            stranger = (
+                "import os, socket, sys\n"
+                "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sys.argv[1])\n"
+                "try:\n"
+                "    socket.send_fds(s, [bytes.fromhex(sys.argv[2])], [0, 1, 2]); s.settimeout(60)\n"
+                "    print(repr(s.recv(100)))\n"
+                "except (BrokenPipeError, ConnectionResetError):\n"
+                "    print('closed')\n")
+            done = subprocess.run([sys.executable, "-c", stranger, str(path), (client.HEADER.pack(len(request)) + request).hex()],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() in ("b''", "closed")  # dropped at once, no answer
+            assert not out.exists() and proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
