@@ -24,8 +24,13 @@ import pytest
 from conftest import start_port
 from gas_helpers import run
 from kem_port.client import PortError
+from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu import constants
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.executor import Executor
+from kem_port.kernel_store import source_from_bytes
+from kem_port.stats import Stats
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
 HEAD = """
@@ -74,6 +79,30 @@ def test_an_honest_break_if_loop_matches_numpy(rng, words):
         want.append(acc)
     assert not ran_out and out.tolist() == want
     assert gas == words + int(np.sum(data % 9 + 1))
+
+
+def test_a_strangers_budget_below_its_launch_leaves_its_batch_mates_untouched(rng):
+    """Held: a gas_limit of 1 (below the 256 invocations it launches) is
+    gas_exhausted before anything runs, for that call only; the two calls
+    of the same looping kernel beside it in one batch answer right."""
+    text = (HEAD + ENTRY + " if (g.x >= arrayLength(&out)) { return; } var acc = 0u;"
+            " for (var k = 0u; k < inp[g.x] % 13u; k++) { acc = acc * 5u + k; } out[g.x] = acc; }").encode()
+    executor = Executor(Config(), Stats())
+    executor.open()
+    data = rng.integers(0, 2**32, 256, dtype=np.uint32)
+    want = []
+    for value in data.tolist():
+        acc = 0
+        for k in range(value % 13):
+            acc = (acc * 5 + k) & 0xFFFFFFFF
+        want.append(acc)
+    got: dict[int, object] = {}
+    jobs = [Job(KernelCall("loop13", data.tobytes(), data.nbytes, gas_limit=limit), source_from_bytes("loop13", text, "test", "local"),
+                reply=lambda v, n=n: got.setdefault(n, bytes(v)), fail=lambda e, n=n: got.setdefault(n, e))
+            for n, limit in enumerate([None, 1, 10**9])]
+    executor.run(jobs)
+    assert got[0] == got[2] == np.array(want, np.uint32).tobytes()
+    assert isinstance(got[1], KemError) and got[1].reason == "gas_exhausted" and "needs 256" in got[1].detail
 
 
 # out[i] = in[i] * 2 through workgroup memory sized by N, in three shapes
