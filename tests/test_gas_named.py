@@ -374,3 +374,19 @@ def test_a_looping_kernel_with_8_storage_buffers_is_refused_naming_the_meter(run
     with pytest.raises(KemError) as caught:
         runner.executor.named.run(source, NamedCall("eight", {f"b{i}": bytes(4) for i in range(8)}, {}, (1, 1, 1)))
     assert caught.value.reason == "bad_kernel" and "may use 7 storage" in caught.value.detail
+
+
+def test_a_run_asked_for_usage_answers_its_gas_beside_its_outputs(gas_port, rng):
+    """The usage carrier (port/replies.with_gas): {Outputs, #{gas => G}}
+    when the node asks (usage => true), the outputs alone otherwise."""
+    data = rng.integers(0, 30, 150, dtype=np.uint32)  # 3 workgroups of 64: 192 invocations + sum(data) iterations
+    opts = {"outputs": {b"out": data.nbytes}, "workgroups": (3, 1, 1)}
+    outputs, usage = gas_port.call("run", b"counting", {b"inp": data.tobytes()}, {**opts, "usage": True})
+    got = {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in outputs.items()}
+    np.testing.assert_array_equal(np.frombuffer(got["out"], np.uint32), sums_below(data))
+    assert {terms.atom_name(k): v for k, v in usage.items()} == {"gas": 192 + int(data.sum())}
+    plain_reply = gas_port.call("run", b"counting", {b"inp": data.tobytes()}, opts)
+    assert isinstance(plain_reply, dict) and len(plain_reply) == 1
+    with pytest.raises(PortError) as caught:
+        gas_port.call("run", b"counting", {b"inp": data.tobytes()}, {**opts, "usage": 1})
+    assert caught.value.reason == "bad_args" and "usage" in caught.value.detail

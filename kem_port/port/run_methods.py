@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
 from kem_port.errors import KemError
 from kem_port.gpu.executor import Executor
+from kem_port.gpu.named.named_gas import NamedOutputs
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
 from kem_port.port.call_state import CallStates
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
-from kem_port.port.replies import Replies
+from kem_port.port.replies import Replies, with_gas
 from kem_port.wire.run_requests import RunRequest
 
 
@@ -66,7 +68,7 @@ class RunMethods:
             return self.guard.admit_for_session(source, call.entry_point, call.constants, gas=True)
 
     def _queue(self, request: RunRequest, source: KernelSource) -> None:
-        req_id, call, share = request.req_id, request.call, request.call.batch_bytes
+        req_id, call, share, usage = request.req_id, request.call, request.call.batch_bytes, request.usage
         self.budget.take(share)  # KemError overloaded: answered by the caller's `answering`
         replies, budget = self.replies, self.budget
 
@@ -79,7 +81,7 @@ class RunMethods:
                     replies.error(req_id, KemError("timeout", f"waited {waited:.0f} ms in the port's queue; "
                                                                "the call's deadline passed before the GPU started it"))
                     return
-                replies.answering(req_id, lambda: replies.ok(req_id, _by_name(executor.named.run(source, call))))
+                replies.answering(req_id, lambda: replies.ok(req_id, _answer(executor.named.run(source, call), usage)))
             finally:
                 budget.give(share)
 
@@ -98,7 +100,9 @@ class RunMethods:
             raise KemError("overloaded", "the GPU queue is full") from None
 
 
-def _by_name(outputs: dict[str, bytes]) -> dict[bytes, bytes]:
-    """Names as binaries: a str key would become an atom on the node."""
-    return {name.encode(): data for name, data in outputs.items()}
+def _answer(outputs: NamedOutputs, usage: bool) -> Any:
+    """Names as binaries (a str key would become an atom on the node); with
+    usage, the run's gas beside them (``{Outputs, #{gas => G}}``, docs/metering.md)."""
+    by_name = {name.encode(): data for name, data in outputs.items()}
+    return with_gas(by_name, outputs.gas) if usage else by_name
 

@@ -5,8 +5,9 @@ buffers (issue 25; gpu/named/binding_model.py binds them).
 a WGSL variable name (binary or atom), ``<<"G/B">>`` or a binding number
 (group 0) to its bytes; Opts may hold ``outputs => #{Name => Bytes}``,
 ``workgroups => {X, Y, Z}`` or ``grid => {X, Y, Z}``, ``entry_point``,
-``constants => #{Name => Number}`` and ``gas_limit`` (the call's gas budget,
-1..2^63-1, as execute's: docs/metering.md). Every size is checked here,
+``constants => #{Name => Number}``, ``gas_limit`` (the call's gas budget,
+1..2^63-1, as execute's: docs/metering.md) and ``usage => true`` (the
+reply carries the run's gas: ``{Outputs, #{gas => G}}``, port/replies.py). Every size is checked here,
 before anything is allocated: the inputs together within
 KEM_MAX_INPUT_BYTES, the outputs together within KEM_MAX_OUTPUT_BYTES.
 """
@@ -23,7 +24,7 @@ from kem_port.wire.protocol import MAX_GAS, _binary, _entry_point, _grid, _kerne
 from kem_port.wire.terms import atom_name, binary_bytes
 
 MAX_BUFFERS = 64  # far over WebGPU's 8 storage + 12 uniform buffers a stage: a bound before the kernel is read
-RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants", "gas_limit")
+RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants", "gas_limit", "usage")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}|[0-3]/[0-9]{1,4}|[0-9]{1,4}")
 
 
@@ -32,6 +33,7 @@ class RunRequest(NamedTuple):
     call: NamedCall
     deadline: float | None
     timeout_s: float | None
+    usage: bool = False  # the node asks for the run's gas beside its outputs
 
 
 def read_run(req_id: int, args: Any, config: Config, deadline: float | None, timeout_s: float | None) -> RunRequest:
@@ -53,7 +55,11 @@ def read_run(req_id: int, args: Any, config: Config, deadline: float | None, tim
     entry = _entry_point(opts["entry_point"]) if "entry_point" in opts else "main"
     overrides = constants(opts["constants"]) if "constants" in opts else None
     gas = _positive_int(opts["gas_limit"], "gas_limit", MAX_GAS) if "gas_limit" in opts else None
-    return RunRequest(req_id, NamedCall(kernel_id, buffers, outputs, groups, entry, grid, overrides, gas), deadline, timeout_s)
+    usage = opts.get("usage", False)
+    if usage is not True and usage is not False:
+        raise bad_args("usage must be true or false")
+    call = NamedCall(kernel_id, buffers, outputs, groups, entry, grid, overrides, gas)
+    return RunRequest(req_id, call, deadline, timeout_s, usage)
 
 
 def _named_map(value: Any, what: str, read) -> dict:

@@ -129,7 +129,7 @@ usage_keys(Usage = #{kernel_id := K, bytes_in := In, bytes_out := Out, us := Us,
       <<"kem-usage-clock">> => atom_to_binary(Clock, utf8)}).
 
 %% `kem-usage-gas' where the record has gas (docs/metering.md): every kernel
-%% call's; not yet a chain's or a named run's (their roads are not metered).
+%% call's and a named run's (dev_kem_run); a chain's where its road says it.
 gas_key(#{gas := Gas}, Keys) when is_integer(Gas) -> Keys#{<<"kem-usage-gas">> => Gas};
 gas_key(_Usage, Keys) -> Keys.
 

@@ -66,6 +66,7 @@ ask_gas(execute_kernel, {K, I, Hint}) -> {execute, {K, I, #{output_size_hint => 
 ask_gas(execute_kernel_with_params, {K, I, P}) -> {execute, {K, I, #{params => P, usage => true}}};
 ask_gas(execute, {K, I, #{debug := true} = Opts}) -> {execute, {K, I, Opts}};
 ask_gas(execute, {K, I, Opts}) when is_map(Opts) -> {execute, {K, I, Opts#{usage => true}}};
+ask_gas(run, {K, Buffers, Opts}) when is_map(Opts) -> {run, {K, Buffers, Opts#{usage => true}}};  % named buffers: docs/metering.md
 ask_gas(Method, Args) -> {Method, Args}.
 
 %% @doc The reply as the caller sees it, and the call's gas where the port

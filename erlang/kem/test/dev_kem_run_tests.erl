@@ -202,7 +202,7 @@ no_untrusted_byte_at_the_top_level() ->
     assert_safe_top_level(Reply),
     ?assertEqual(lists:sort([<<"buffers">>, <<"status">>, <<"kem-usage-kernel-id">>, <<"kem-usage-node">>,
                              <<"kem-usage-bytes-in">>, <<"kem-usage-bytes-out">>, <<"kem-usage-us">>,
-                             <<"kem-usage-clock">>]),
+                             <<"kem-usage-clock">>, <<"kem-usage-gas">>]),  % gas: an integer, docs/metering.md
                  lists:sort(maps:keys(Reply))),
     Name = <<"x\r\nSet-Cookie: a=1">>,
     {error, Bad} = run(add_request(Zero, Zero, #{Name => 4}, [1, 1, 1])),

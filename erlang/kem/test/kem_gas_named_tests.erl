@@ -3,7 +3,7 @@
 %%% kernel called by kem:run/3 is answered `gas_exhausted' with the gas
 %%% used, the port's OS pid stays and the next call is right; the budget is
 %%% the call's `gas_limit' option or the node's; dev_kem's `run' key takes
-%%% `gas-limit' and answers 402.
+%%% `gas-limit' and answers 402; a run's usage record carries its gas.
 -module(kem_gas_named_tests).
 -include_lib("eunit/include/eunit.hrl").
 
@@ -40,7 +40,8 @@ gas_named_test_() ->
      fun kem_test_app:stop_with_kernels/1,
      [{timeout, 60, fun a_runaway_run_ends_by_budget_and_the_port_stays/0},
       {timeout, 60, fun the_calls_gas_limit_bounds_a_correct_run_exactly/0},
-      {timeout, 60, fun dev_kem_run_takes_gas_limit_and_answers_402/0}]}.
+      {timeout, 60, fun dev_kem_run_takes_gas_limit_and_answers_402/0},
+      {timeout, 60, fun a_runs_usage_record_carries_its_gas/0}]}.
 
 words(List) -> << <<W:32/little>> || W <- List >>.
 
@@ -87,3 +88,16 @@ dev_kem_run_takes_gas_limit_and_answers_402() ->
     ?assertEqual(words(lists:duplicate(64, 45)), Out),
     {error, Bad} = dev_kem:run(#{}, Req#{<<"gas-limit">> => <<"lots">>}, #{}),
     ?assertMatch(#{<<"status">> := 400, <<"reason">> := <<"bad_args">>}, Bad).
+
+%% 64 invocations x 10 iterations: 64 + 640 = 704 gas, counted by hand;
+%% kem:run/3's caller sees the outputs alone.
+a_runs_usage_record_carries_its_gas() ->
+    Buffers = #{<<"inp">> => words(lists:duplicate(64, 10))},
+    Opts = #{outputs => #{<<"out">> => 256}, workgroups => {1, 1, 1}},
+    Want = #{<<"out">> => words(lists:duplicate(64, 45))},
+    {{ok, Want}, Usage} = kem:call_usage(run, {<<"counting">>, Buffers, Opts}, 30000),
+    ?assertMatch(#{gas := 704, kernel_id := <<"counting">>}, Usage),
+    ?assertEqual({ok, Want}, kem:run(<<"counting">>, Buffers, Opts)),
+    {ok, Reply} = dev_kem:run(#{}, #{<<"kernel-id">> => <<"counting">>, <<"buffers">> => Buffers,
+                                     <<"outputs">> => #{<<"out">> => 256}, <<"workgroups">> => [1, 1, 1]}, #{}),
+    ?assertMatch(#{<<"status">> := 200, <<"kem-usage-gas">> := 704}, Reply).
