@@ -7,6 +7,8 @@ Real wgpu, the real port process; outputs against numpy on fresh data.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import start_port
@@ -79,7 +81,8 @@ struct P { n: u32, stop: u32 }
   y[g.x] = acc;
 }
 """
-KERNELS = {"counting": COUNTING, "spin": SPIN, "barrier_spin": BARRIER_SPIN, "named_g1": NAMED_G1}
+KERNELS = {"counting": COUNTING, "spin": SPIN, "barrier_spin": BARRIER_SPIN, "named_g1": NAMED_G1,
+           "life": (Path(__file__).resolve().parent / "session_kernels" / "life.wgsl").read_bytes()}
 NODE_LIMIT = 64 * 5000
 
 
@@ -280,3 +283,33 @@ def test_usage_true_answers_the_gas_beside_the_result(port, session, rng):
     with pytest.raises(PortError) as caught:
         port.call("chain", session.ref, steps, {"input": data.tobytes(), "usage": 1})
     assert caught.value.reason == "bad_args"
+
+
+@pytest.mark.parametrize("side", [8, 32, 96])
+def test_the_game_of_life_counts_13_a_cell_a_generation(port, session, rng, side):
+    """life.wgsl: per cell 1 invocation + 3 outer + 9 inner iterations (docs/metering.md)."""
+    grid = rng.integers(0, 2, side * side, dtype=np.uint32)
+    session.create("a", grid.tobytes())
+    session.create("b", grid.nbytes)
+    size = words([side, side])
+    steps = [{"kernel": "life", "params": size, "output_size": 0, "bind": {"cur": c, "next": n}} for c, n in (("a", "b"), ("b", "a"))]
+    value, usage = port.call("chain", session.ref, steps, {"return": ["a"], "usage": True})
+    cells = grid.reshape(side, side)
+    for _ in range(2):
+        near = sum(np.roll(np.roll(cells, dy, 0), dx, 1) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dx, dy) != (0, 0))
+        cells = ((near == 3) | ((cells == 1) & (near == 2))).astype(np.uint32)
+    assert {binary_bytes(k).decode(): binary_bytes(v) for k, v in value.items()} == {"a": cells.tobytes()}
+    assert plain(usage) == {"gas": 2 * 13 * side * side}
+
+
+def test_a_looping_kernel_declaring_all_four_groups_is_refused_naming_its_step(port, session, tmp_path):
+    text = "".join(f"@group({g}) @binding(0) var<storage, read_write> b{g}: array<u32>;\n" for g in range(4)) + (
+        "@compute @workgroup_size(1) fn main() { for (var i = 0u; i < 4u; i++) { b0[i] = b1[i] + b2[i] + b3[i]; } }\n")
+    (tmp_path / "four.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as other:
+        s = other.session_open()
+        for g in range(4):
+            s.create(f"b{g}", 16)
+        with pytest.raises(PortError) as caught:
+            other.call("chain", s.ref, [{"clear": ("b0", 0, 16)}, {"kernel": "four", "workgroups": (1, 1, 1)}], {})
+        assert (caught.value.reason, caught.value.step) == ("bad_kernel", 2) and "all of WebGPU's 4" in caught.value.detail, caught.value
