@@ -432,3 +432,32 @@ def test_another_user_is_not_served_by_my_warm_process(tmp_path):
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_warm_bug_goes_to_the_warm_log_and_one_line_to_the_command(tmp_path):
+    """An unexpected exception while running a command (here a cwd holding a
+    NUL byte: os.chdir's ValueError) is one line for the command, its
+    traceback in the warm process's own log, as the message says. Before,
+    the log handler wrote to the current sys.stderr, the client's: the
+    client got the whole traceback with the server's paths, the log nothing."""
+    from pathlib import Path
+
+    from kem_port.warm import client
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(root), "KEM_KERNEL_DIR": str(tmp_path / "kernels")}
+    proc, path = _start_warm(folder, env)
+    try:
+        sock = client.connect(path)
+        assert sock is not None
+        with sock, open(tmp_path / "err.txt", "wb") as err:
+            code, pid = _ask_with_stderr(sock, err, {"argv": ["run", "double", "--hex", "01000000"], "cwd": "/tmp/\0x", "umask": 0o022})
+        assert (code, pid) == (1, proc.pid)
+        assert (tmp_path / "err.txt").read_text() == "kem: internal error in the warm process (its log has the details)\n"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    log = proc.stderr.read().decode()
+    assert "Traceback" in log and "embedded null byte" in log

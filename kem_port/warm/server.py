@@ -24,6 +24,7 @@ import socket
 import struct
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from kem_port.warm.client import HEADER, MAX_REQUEST
@@ -154,7 +155,12 @@ def _run(request: dict, fds: list[int], runner) -> int:
         print(f"kem: cannot run in {request['cwd']}: {exc.strerror}", file=sys.stderr)
         return 1
     except Exception:  # a bug: its traceback in this process's log, one line for the command
-        log.exception("warm command failed")
+        # Not log.exception: the handler writes to the current sys.stderr,
+        # which is the client's here (the client got the whole traceback
+        # and the log nothing, red team).
+        print(f"kem: warm command {request['argv']!r} failed:", file=sys.__stderr__)
+        traceback.print_exc(file=sys.__stderr__)
+        sys.__stderr__.flush()
         print("kem: internal error in the warm process (its log has the details)", file=sys.stderr)
         return 1
     finally:
