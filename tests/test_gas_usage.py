@@ -161,3 +161,14 @@ def test_kem_run_takes_a_gas_limit_and_prints_gas(tmp_path):
     for bad in ("0", "-3", "lots", str(1 << 63)):
         done = kem(tmp_path, *run, "--gas-limit", bad)
         assert done.returncode == 2 and "gas limit" in done.stderr.decode(), bad
+
+
+@pytest.mark.parametrize("gas", [0, 255, 256, 704, 2**31, 2**40, 2**63 - 1])
+def test_the_usage_reply_is_the_librarys_encoding(rng, gas):
+    """wire/terms.ok_gas_reply splices its envelope by hand: it must be the
+    bytes erlang-py makes of the same term, for any ReqId and payload."""
+    for req_id in (0, 7, 300, 2**31, 2**64 - 1):
+        payload = rng.bytes(int(rng.integers(0, 5000)))
+        want = terms.encode((terms.atom("reply"), req_id,
+                             (terms.atom("ok"), (terms.Binary(payload), {terms.atom("gas"): gas}))))
+        assert b"".join(bytes(p) for p in terms.ok_gas_reply(req_id, memoryview(payload), gas)) == want

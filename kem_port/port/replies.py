@@ -85,7 +85,7 @@ class Replies:
         ``{ok, {Result, #{gas => G}}}`` (docs/metering.md)."""
         if call.output_path is None:
             if call.usage:
-                self.writer.write([terms.ok_reply(req_id, with_gas(bytes(view), gas))])
+                self.writer.write(terms.ok_gas_reply(req_id, view, gas if gas is not None else 0))
                 return
             self.writer.write_result(req_id, view)
             return

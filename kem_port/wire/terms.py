@@ -198,6 +198,18 @@ def ok_binary_reply(req_id: Any, payload: bytes | memoryview) -> list[bytes | me
     return [_binary_reply_prefix(req_id) + struct.pack(">I", len(payload)), payload]
 
 
+_GAS_MAP = b"t\x00\x00\x00\x01" + encode(atom("gas"))[1:]  # MAP_EXT of one pair, then the key
+
+
+def ok_gas_reply(req_id: Any, payload: bytes | memoryview, gas: int) -> list[bytes | memoryview]:
+    """Buffers that together encode ``{reply, ReqId, {ok, {Payload, #{gas =>
+    Gas}}}}`` (a usage call's result, docs/metering.md), spliced as
+    ok_binary_reply's prefix is: the payload is not copied, and the envelope
+    costs what the lone reply's does, not an erlang-py encode of the whole."""
+    head = REPLY_HEAD + req_id_term(req_id) + REPLY_TAIL[:-1] + b"h\x02m" + LENGTH.pack(len(payload))
+    return [head, payload, _GAS_MAP + (SMALL_INTS[gas] if 0 <= gas < 256 else encode(gas)[1:])]
+
+
 def ok_reply(req_id: Any, result: Any) -> bytes:
     return encode((atom("reply"), req_id, (atom("ok"), to_term(result))))
 

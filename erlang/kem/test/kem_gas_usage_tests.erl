@@ -49,7 +49,8 @@ gas_usage_test_() ->
       {timeout, 60, fun the_metering_hook_is_handed_gas/0},
       {timeout, 60, fun dev_kem_takes_a_gas_limit/0},
       {timeout, 60, fun a_bad_gas_limit_is_a_400/0},
-      {timeout, 60, fun over_real_http/0}]}.
+      {timeout, 60, fun over_real_http/0},
+      {timeout, 120, fun what_asking_costs/0}]}.
 
 words(List) -> << <<W:32/little>> || W <- List >>.
 
@@ -199,3 +200,26 @@ over_real_http() ->
         inets:stop(httpd, Httpd),
         file:del_dir_r(Dir)
     end.
+
+%% Figures, not a bound (this machine is shared): the same small call to
+%% a loop-free kernel, interleaved, as the hot execute_kernel frame, as
+%% execute with options, and asking for its gas (execute, usage => true).
+what_asking_costs() ->
+    In = words(lists:seq(1, 1024)),
+    Want = words([3 * X + 1 || X <- lists:seq(1, 1024)]),
+    Ways = [{"execute_kernel (the hot frame)", fun() -> kem:call(execute_kernel, {<<"affine">>, In, 1}, 5000) end},
+            {"execute, no usage", fun() -> kem:execute(<<"affine">>, In, #{}) end},
+            {"execute, usage => true", fun() -> {ok, Out, #{gas := 1024}} = kem:execute(<<"affine">>, In, #{usage => true}),
+                                               {ok, Out} end}],
+    [{ok, Want} = F() || _ <- lists:seq(1, 100), {_, F} <- Ways],
+    Rounds = [[{Name, round_us(F)} || {Name, F} <- Ways] || _ <- lists:seq(1, 15)],
+    [io:format(user, "~n~s: median ~.1f us a call (15 rounds of 100, interleaved)",
+               [Name, median([Us || Round <- Rounds, {N, Us} <- Round, N =:= Name])]) || {Name, _} <- Ways],
+    io:format(user, "~n", []).
+
+round_us(F) ->
+    T0 = erlang:monotonic_time(microsecond),
+    [{ok, _} = F() || _ <- lists:seq(1, 100)],
+    (erlang:monotonic_time(microsecond) - T0) / 100.
+
+median(Xs) -> lists:nth((length(Xs) + 1) div 2, lists:sort(Xs)).
