@@ -23,7 +23,7 @@ import pytest
 
 from conftest import start_port
 from gas_helpers import run
-from kem_port.client import PortError
+from kem_port.client import PortError, plain
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.gpu import constants
@@ -139,11 +139,23 @@ def literal_kernel(shape: str, rows: int) -> str:
     return LITERAL[shape].replace("ROWS", f"{rows}u") + body
 
 
+# 900 iterations an invocation, in workgroups of WG (a literal default, or an expression).
+LOOP_900 = HEAD + """@compute @workgroup_size(WG) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var acc = 0u;
+  for (var k = 0u; k < 900u; k++) { acc = acc * 31u + k; }
+  if (g.x < arrayLength(&out)) { out[g.x] = acc; }
+}
+"""
+WG_DEFAULTS = {"wg_literal": "64", "wg_expression": "8u * 8u", "wg_max": "max(32u, 64u)"}
+
+
 @pytest.fixture(scope="module")
 def port(tmp_path_factory):
     kernels = tmp_path_factory.mktemp("wave3")
     for name, shape in SHAPES.items():
         (kernels / f"{name}.wgsl").write_text("override N: u32 = 4;\n" + shape + BODY)
+    for name, default in WG_DEFAULTS.items():
+        (kernels / f"{name}.wgsl").write_text(f"override WG: u32 = {default};\n" + LOOP_900)
     for shape in LITERAL:
         (kernels / f"{shape}_within.wgsl").write_text(literal_kernel(shape, 1024))  # 65,536 elements
         (kernels / f"{shape}_over.wgsl").write_text(literal_kernel(shape, 65536))  # 16 MiB
@@ -208,3 +220,17 @@ def test_literal_workgroup_arrays_counted_through_aliases_structs_and_consts(por
     assert err.value.reason == "kernel_rejected" and "var<workgroup> t holds 4194304 elements" in err.value.detail, err.value.detail
     out = np.frombuffer(port.call("execute", f"{shape}_within".encode(), data.tobytes(), {}), np.float32)
     np.testing.assert_array_equal(out, data * 2)
+
+
+@pytest.mark.parametrize("kernel", sorted(WG_DEFAULTS))
+def test_gas_counts_every_invocation_of_an_override_sized_workgroup(port, kernel):
+    """BEFORE: WG = 8u * 8u (an expression default) was not read, so a
+    workgroup counted 1 invocation: debug gas 57,601 for 57,664, and
+    gas_limit 1,000 let 57,664 run. Now every form counts 64 + 64 x 900."""
+    opts = {"output_size": 1024, "workgroups": (1, 1, 1)}
+    assert plain(port.call("execute", kernel.encode(), bytes(4), {**opts, "debug": True})[1])["gas"] == 64 + 64 * 900
+    with pytest.raises(PortError) as err:
+        port.call("execute", kernel.encode(), bytes(4), {**opts, "gas_limit": 1000})
+    assert err.value.reason == "gas_exhausted" and "of limit 1000" in err.value.detail
+    gas = plain(port.call("execute", kernel.encode(), bytes(4), {**opts, "debug": True, "constants": {"WG": 128}})[1])["gas"]
+    assert gas == 128 + 128 * 900

@@ -90,15 +90,10 @@ def _check_value(override: Override, value: int | float) -> None:
             raise bad_args(f"constants: {name} is a bool: 0 or 1, not {value!r}")
 
 
-def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -> None:
-    """bad_args naming a var<workgroup> array whose size, with this
-    constants set, is over MAX_WORKGROUP_ELEMENTS: checked before any
-    compile, for this set only (another set of the same kernel runs).
-    Counts may name overrides (given, or their defaults, expressions too)
-    and consts (replaced by wgsl_reflect); one kem cannot read (a function
-    call, a float) is left to the compile worker's resource limits."""
-    if not shape.workgroup_vars:
-        return
+def known_ints(shape: KernelShape, values: dict[str, int | float]) -> dict[str, int]:
+    """The integer overrides' values: the call's and literal defaults
+    (values), then defaults that are expressions (HALF = WG / 2u), each
+    evaluated with the values known so far."""
     known = {k: v for k, v in values.items() if type(v) is int}
     for _ in range(len(shape.override_inits)):  # an override's default may name another's: WG / 2u
         later = {name: _count(init, known) for name, init in shape.override_inits if name not in values and name not in known}
@@ -106,6 +101,19 @@ def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -
         if not found:
             break
         known |= found
+    return known
+
+
+def check_workgroup_arrays(shape: KernelShape, values: dict[str, int | float]) -> None:
+    """bad_args naming a var<workgroup> array whose size, with this
+    constants set, is over MAX_WORKGROUP_ELEMENTS: checked before any
+    compile, for this set only (another set of the same kernel runs).
+    Counts may name overrides (given, or their defaults, expressions too)
+    and consts (replaced by wgsl_workgroup); one kem cannot read (a function
+    call other than min/max, a float) is refused where it names an override."""
+    if not shape.workgroup_vars:
+        return
+    known = known_ints(shape, values)
     ints = tuple(sorted(known.items()))
     overrides = frozenset(o.name for o in shape.overrides)
     for name, type_text in shape.workgroup_vars:
@@ -206,21 +214,37 @@ def _evaluate(node: ast.AST) -> int:
 
 def workgroup_size(entry: EntryPoint, shape: KernelShape, values: dict[str, int | float]) -> EntryPoint:
     """The entry point with an override-sized ``@workgroup_size`` read as
-    numbers (each argument an integer literal or an override's name); as
-    it was when that cannot be done (an expression: the dispatch rules then
-    ask for workgroups)."""
+    numbers (each argument an integer literal, an override's name or an
+    expression of them, overrides' expression defaults included); as it
+    was when that cannot be done (the dispatch rules then ask for
+    workgroups). Gas counts invocations by it (gpu/gas_meter.py): an
+    unread WG = 8u * 8u default counted 1 invocation a workgroup, and the
+    call's gas limit did not hold (red team of wave 3)."""
     if entry.workgroup_size is not None or not entry.workgroup_size_text:
         return entry
+    known = known_ints(shape, values)
     sizes: list[int] = []
-    for arg in entry.workgroup_size_text.split(","):
+    for arg in _top_level_args(entry.workgroup_size_text):
         text = arg.strip()
-        number = parse_int_literal(text) if text[:1].isdigit() else values.get(text)
+        number = parse_int_literal(text)
+        number = _count(text, known) if number is None else number
         if type(number) is not int or number < 1:
             return entry
         sizes.append(number)
     if not 1 <= len(sizes) <= 3:
         return entry
     return replace(entry, workgroup_size=tuple((sizes + [1, 1])[:3]))  # type: ignore[arg-type]
+
+
+def _top_level_args(text: str) -> list[str]:
+    """Arguments split at commas outside parentheses (``max(A, B), 1``)."""
+    args, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            args.append(text[start:i])
+            start = i + 1
+    return args + [text[start:]]
 
 
 def check_workgroup_limits(entry: EntryPoint | None, limits) -> None:
