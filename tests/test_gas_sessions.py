@@ -313,3 +313,19 @@ def test_a_looping_kernel_declaring_all_four_groups_is_refused_naming_its_step(p
         with pytest.raises(PortError) as caught:
             other.call("chain", s.ref, [{"clear": ("b0", 0, 16)}, {"kernel": "four", "workgroups": (1, 1, 1)}], {})
         assert (caught.value.reason, caught.value.step) == ("bad_kernel", 2) and "all of WebGPU's 4" in caught.value.detail, caught.value
+
+
+def test_a_looping_kernel_with_webgpus_8_storage_buffers_is_refused_naming_the_meter(port, tmp_path):
+    """The meter is one more storage buffer in the stage (the cap one more uniform)."""
+    decls = "".join(f"@group(0) @binding({i}) var<storage, read_write> b{i}: array<u32>;\n" for i in range(1, 9))
+    text = ("struct P { n: u32 }\n@group(0) @binding(0) var<uniform> p: P;\n" + decls
+            + "@compute @workgroup_size(1) fn main() { for (var i = 0u; i < p.n; i++) { b1[i] = "
+            + " + ".join(f"b{i}[i]" for i in range(2, 9)) + "; } }\n")
+    (tmp_path / "eight.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as other:
+        s = other.session_open()
+        for i in range(1, 9):
+            s.create(f"b{i}", 16)
+        with pytest.raises(PortError) as caught:
+            s.call("eight", buffers={"p": words([4, 0, 0, 0])}, grid=(1, 1, 1))
+        assert caught.value.reason == "bad_kernel" and "gas meter" in caught.value.detail, caught.value

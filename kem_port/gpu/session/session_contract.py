@@ -30,6 +30,7 @@ from kem_port.gpu import contract
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.constants import resolve_entry
 from kem_port.gpu.named.binding_model import MAX_GROUPS, Bound, Limits, check_counts, role_of
+from kem_port.gpu.named.named_gas import check_room
 from kem_port.gpu.wgsl.wgsl_reflect import Binding, EntryPoint, KernelShape
 
 # A plain call reads a read-only binding 3 as the call table; in a session
@@ -101,8 +102,19 @@ def check_session_layout(shape: KernelShape, entry_point: str, params: bytes | N
 def _check_counts(base: KernelShape | None, named: tuple[NamedBinding, ...], has_params: bool) -> None:
     """WebGPU's buffers a compute stage may bind (8 storage, 12 uniform by
     default), by the layout alone: checked once per pipeline, not per step."""
+    check_counts(_bound(base, named, has_params), Limits(0, 0))
+
+
+def check_gas_room(layout: SessionLayout, has_params: bool) -> None:
+    """A looping kernel's stage also binds kem's gas cap and meter (one
+    uniform, one storage buffer): refused with the reason when that passes
+    WebGPU's per-stage limits (gpu/named/named_gas.check_room)."""
+    check_room(_bound(layout.base, layout.named, has_params), Limits(0, 0))
+
+
+def _bound(base: KernelShape | None, named: tuple[NamedBinding, ...], has_params: bool) -> list[Bound]:
     roles = [n.role for n in named] + (["input", "output"] + (["uniform"] if has_params else []) if base is not None else [])
-    check_counts([Bound(None, role, None, 0, 0) for role in roles], Limits(0, 0))  # type: ignore[arg-type]
+    return [Bound(None, role, None, 0, 0) for role in roles]  # type: ignore[arg-type]
 
 
 def _entry(shape: KernelShape, entry_point: str, constants: tuple | None) -> EntryPoint | None:

@@ -79,6 +79,8 @@ class SessionPipelines:
             shape = self._shapes[source.sha256] = own_shape(text)
         layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(text, entry_point))
         check_workgroup_limits(layout.entry, device.limits)  # once per pipeline: its constants set fixes the size
+        if gas_group is not None:
+            session_contract.check_gas_room(layout, params is not None)
         started = time.perf_counter()
         self._serial += 1
         compiled = _compile(device, source.kernel_id, text, entry_point, layout, params is not None, self._serial,
