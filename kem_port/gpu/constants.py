@@ -226,8 +226,8 @@ def workgroup_size(entry: EntryPoint, shape: KernelShape, values: dict[str, int 
     sizes: list[int] = []
     for arg in _top_level_args(entry.workgroup_size_text):
         text = arg.strip()
-        number = parse_int_literal(text)
-        number = _count(text, known) if number is None else number
+        number = known[text] if text in known else parse_int_literal(text)
+        number = _count(text, known) if number is None else number  # an expression: ~10 us, names and literals ~0.1
         if type(number) is not int or number < 1:
             return entry
         sizes.append(number)
