@@ -205,10 +205,11 @@ class PortClient:
         return PortSession(self, (incarnation, session_id))
 
     def chain(
-        self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None, session: "PortSession | None" = None
+        self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None, session: "PortSession | None" = None,
+        gas_limit: int | None = None,
     ) -> Any:
-        """Steps run in one submission; the last output, or {name: bytes} for `returns`."""
-        opts: dict[str, Any] = {"input": input}
+        """Steps run in one submission; the last output, or {name: bytes} for `returns` (gas_limit: docs/metering.md)."""
+        opts: dict[str, Any] = {"input": input} if gas_limit is None else {"input": input, "gas_limit": gas_limit}
         if returns is not None:
             opts["return"] = list(returns)
         ref = session.ref if session is not None else terms.atom("undefined")
@@ -265,8 +266,8 @@ class PortSession:
         {name: bytes} for a kernel that binds every buffer by name (docs/sessions.md)."""
         return _named(self.client.call("session_call", self.ref, kernel_id, input, _step_term(opts)))
 
-    def chain(self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None) -> Any:
-        return self.client.chain(steps, input, returns, self)
+    def chain(self, steps: list[dict], input: bytes = b"", returns: list[str] | None = None, gas_limit: int | None = None) -> Any:
+        return self.client.chain(steps, input, returns, self, gas_limit)
 
     def close(self) -> None:
         self.client.call("session_close", self.ref)
