@@ -81,7 +81,9 @@ struct P { n: u32, stop: u32 }
   y[g.x] = acc;
 }
 """
-KERNELS = {"counting": COUNTING, "spin": SPIN, "barrier_spin": BARRIER_SPIN, "named_g1": NAMED_G1,
+# Groups 0 and 2: the gas group is the lowest the kernel leaves free, 1, between them.
+NAMED_G2 = NAMED_G1.replace(b"@group(1)", b"@group(2)")
+KERNELS = {"counting": COUNTING, "spin": SPIN, "barrier_spin": BARRIER_SPIN, "named_g1": NAMED_G1, "named_g2": NAMED_G2,
            "life": (Path(__file__).resolve().parent / "session_kernels" / "life.wgsl").read_bytes()}
 NODE_LIMIT = 64 * 5000
 
@@ -147,14 +149,15 @@ def test_a_runaway_session_call_ends_by_budget_and_the_session_goes_on(port, ses
     assert port.proc.pid == pid and port.proc.poll() is None
 
 
-def test_a_runaway_chain_step_is_named_and_earlier_steps_writes_stay(port, session, rng):
+@pytest.mark.parametrize("runaway", ["spin", "barrier_spin"])
+def test_a_runaway_chain_step_is_named_and_earlier_steps_writes_stay(port, session, rng, runaway):
     pid = port.proc.pid
     a = rng.integers(0, 30, 64, dtype=np.uint32)
     session.create("a", a.tobytes())
     session.create("b", 256)
     steps = [{"kernel": "counting", "input": "a", "output": "b"},
              {"copy": ("b", 0, "a", 0, 256)},
-             {"kernel": "spin", "input": "a", "output_size": 256},
+             {"kernel": runaway, "input": "a", "output_size": 256},
              {"kernel": "counting", "input": "b"}]
     error = exhausted(lambda: chain(port, session, steps, ["b"], gas_limit=100_000))
     assert error.step == 3 and "of limit 100000" in error.detail, (error.step, error.detail)
@@ -172,13 +175,14 @@ def test_a_runaway_chain_step_is_named_and_earlier_steps_writes_stay(port, sessi
     assert port.proc.pid == pid and port.proc.poll() is None
 
 
+@pytest.mark.parametrize("kernel", ["named_g1", "named_g2"])
 @pytest.mark.parametrize("n", [1, 64, 1000])
-def test_a_by_name_kernel_at_group_1_is_metered_at_group_2(port, session, rng, n):
+def test_a_by_name_kernel_at_groups_0_and_1_or_2_is_metered_at_its_free_group(port, session, rng, n, kernel):
     x = rng.integers(0, 50, n, dtype=np.uint32)
     session.create("x", x.tobytes())
     session.create("y", 4 * n)
-    step = {"kernel": "named_g1", "grid": (n, 1, 1)}
-    assert session.call("named_g1", buffers={"p": words([n, 1])}, grid=(n, 1, 1)) == {}
+    step = {"kernel": kernel, "grid": (n, 1, 1)}
+    assert session.call(kernel, buffers={"p": words([n, 1])}, grid=(n, 1, 1)) == {}
     assert session.read("y") == triangle(x).tobytes()
     error = exhausted(lambda: chain(port, session, [dict(step, buffers={"p": words([n, 1])}),
                                                     dict(step, buffers={"p": words([n, 0])})], ["y"]))
