@@ -461,3 +461,27 @@ def test_a_warm_bug_goes_to_the_warm_log_and_one_line_to_the_command(tmp_path):
         proc.wait(30)
     log = proc.stderr.read().decode()
     assert "Traceback" in log and "embedded null byte" in log
+
+
+def test_playground_refusals_speak_the_pages_words_not_erlang(playground):
+    """The port's refusals name Erlang terms and the decoder's Python types;
+    the page showed them as they were (`not OtpErlangBinary(b'../x',bits=8)`,
+    `(atoms or binaries)`, `<<"G/B">>`, `outputs => #{c => Bytes}`)."""
+    add = ("@group(0) @binding(0) var<storage, read> a: array<f32>;\n"
+           "@group(0) @binding(1) var<storage, read_write> c: array<f32>;\n"
+           "@compute @workgroup_size(32) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+           "  if (g.x < arrayLength(&c)) { c[g.x] = a[g.x]; } }\n")
+    one = {"kind": "hex", "text": "0000803f"}
+    cases = [
+        ("/api/check", {"code": DOUBLE, "constants": {"../x": 1}}, "'../x'"),
+        ("/api/run", {"code": DOUBLE, "input": one, "constants": {"../x": 1}}, "'../x'"),
+        ("/api/run", {"code": add, "mode": "named", "grid": [1], "buffers": {"../x": one}, "outputs": {}}, "G/B"),
+        ("/api/run", {"code": add, "mode": "named", "grid": [1], "buffers": {"a": one}, "outputs": {}}, "an output size for c"),
+    ]
+    for route, body, said in cases:
+        status, answer = _post(playground, route, body)
+        texts = [d["message"] for d in answer["diagnostics"]] + ([answer["error"]["detail"]] if "error" in answer else [])
+        assert texts and any(said in t for t in texts), (route, texts)
+        for text in texts:
+            for erlang in ("OtpErlang", "atom or binar", "atoms or binar", "<<", "=>", "#{"):
+                assert erlang not in text, (route, text)

@@ -18,8 +18,38 @@ LEXER_PLACE = re.compile(r"(?:^|: )(\d+):(\d+): (.*)")
 MAX_MESSAGE = 300  # characters: the page shows one line a diagnostic
 
 
+# The port's refusals speak Erlang to a node's caller (`debug => true`,
+# `#{c => Bytes}`, `(atom or binary)`) and its decoder names Python types
+# (`OtpErlangBinary(b'x', bits=8)`); the page's author sees its own form:
+# a debug switch, output sizes, constants, plain names (the CLI does the
+# same with its flags, cli/console.cli_words).
+_PAGE_WORDS: tuple[tuple[str, str], ...] = (
+    (r"OtpErlang(?:Atom|Binary)\(b?(['\"])(.*?)\1(?:,\s*bits=\d+)?\)", r"'\2'"),
+    (r"<<\"([^\"]*)\">>", r"\1"),
+    (r"\bcall with debug => true", "run with Debug on"),
+    (r"\bdebug => true", "Debug on"),
+    (r"\bgrid => \{X, ?Y, ?Z\}", "a grid"),
+    (r"\bworkgroups => \{X, ?Y, ?Z\}", "workgroups"),
+    (r"\boutputs => #\{(\w+) => Bytes\}", r"an output size for \1"),
+    (r"\bbuffers => #\{(\w+) => Bin\}", r"an input for \1"),
+    (r"\bconstants => #\{(\w+) => Value\}", r"a constant \1=VALUE"),
+    (r"\bconstants must be a map #\{Name => Number\}", "constants are NAME=VALUE, ..."),
+    (r"\{X, ?Y, ?Z\}", "X,Y,Z"),
+    (r" \((?:atoms or binaries|atom or binary)\)", ""),
+    (r"\boutput_size_hint\b", "hint"),
+)
+
+
+def page_words(detail: str) -> str:
+    """A refusal's detail in the page's words (no Erlang terms, no decoder types)."""
+    for pattern, words in _PAGE_WORDS:
+        detail = re.sub(pattern, words, detail)
+    return detail
+
+
 def diagnostics(reason: str, detail: str) -> list[dict]:
     """[{line, col, message}] for one refusal; line 0 means the whole kernel."""
+    detail = page_words(detail)
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
     message = _headline(lines) or reason
     places = NAGA_PLACE.findall(detail)

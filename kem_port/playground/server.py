@@ -28,7 +28,7 @@ from typing import Any
 
 from kem_port.errors import KemError
 from kem_port.playground.bench import Bench
-from kem_port.playground.diagnostics import diagnostics
+from kem_port.playground.diagnostics import diagnostics, page_words
 
 log = logging.getLogger("kem_port.playground")
 
@@ -118,7 +118,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             answer = route(body)
         except KemError as exc:
-            self._error(STATUS.get(exc.reason, 422), exc.reason, exc.detail, diagnostics(exc.reason, exc.detail))
+            self._error(STATUS.get(exc.reason, 422), exc.reason, page_words(exc.detail), diagnostics(exc.reason, exc.detail))
             return
         except Exception:  # a bug, not the author's kernel: logged here, no internals in the reply
             log.exception("playground request failed")
