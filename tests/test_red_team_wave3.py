@@ -29,7 +29,7 @@ from kem_port.errors import KemError
 from kem_port.gpu import constants
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.gpu.executor import Executor
-from kem_port.kernel_store import source_from_bytes
+from kem_port.kernel_store import default_stores, source_from_bytes
 from kem_port.stats import Stats
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 
@@ -103,6 +103,26 @@ def test_a_strangers_budget_below_its_launch_leaves_its_batch_mates_untouched(rn
     executor.run(jobs)
     assert got[0] == got[2] == np.array(want, np.uint32).tobytes()
     assert isinstance(got[1], KemError) and got[1].reason == "gas_exhausted" and "needs 256" in got[1].detail
+
+
+def test_a_strangers_gas_limit_does_not_end_the_calls_sharing_its_call_table(rng):
+    """BEFORE: calls of a shared call-table kernel (the operator's
+    KEM_SHARED_TABLE_KERNELS) shared one meter and the strictest cap, so a
+    stranger's gas_limit of 256 (its own launch: cap 0) gave every call in
+    its table gas_exhausted, with the stranger's limit in the detail. Now
+    only calls of one gas limit share a table."""
+    executor = Executor(Config(shared_table_kernels=["double_table"]), Stats())
+    executor.open()
+    source = default_stores(None)[0].lookup("double_table")
+    data = [rng.integers(0, 2**31, words, dtype=np.uint32) for words in (16, 5, 16, 30)]
+    got: dict[int, object] = {}
+    jobs = [Job(KernelCall("double_table", d.tobytes(), d.nbytes, gas_limit=limit), source,
+                reply=lambda v, n=n: got.setdefault(n, bytes(v)), fail=lambda e, n=n: got.setdefault(n, e))
+            for n, (d, limit) in enumerate(zip(data, [None, 256, None, None]))]
+    executor.run(jobs)
+    for n in (0, 2, 3):
+        assert got[n] == (data[n] * 2).tobytes(), got[n]
+    assert got[1] == (data[1] * 2).tobytes()  # alone in its table: one row, no search, within its 256
 
 
 # out[i] = in[i] * 2 through workgroup memory sized by N, in three shapes

@@ -165,12 +165,12 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int, sh
     dispatch; a call alone may spill, as plan_dispatch allowed it). Only a
     kernel that `sharing` lets share has more than one call a group."""
     groups: list[TableGroup] = []
-    open_groups: dict[int, TableGroup] = {}
+    open_groups: dict[tuple, TableGroup] = {}
     for item in sorted(items, key=lambda i: i.in_offset):
         pipeline = item.pipeline
         size = pipeline.entry.workgroup_size if pipeline.entry is not None else None
         max_words = max_groups * (size[0] if size else 1)
-        kernel = (pipeline.serial, item.job.call.kernel_id)
+        kernel = _table_key(item)
         group = open_groups.get(kernel)
         if item.gas is not None and item.job.call.usage:  # metered, its gas asked: a meter of its own
             groups.append(TableGroup(pipeline))
@@ -183,6 +183,12 @@ def _table_groups(items: list[Prepared], binding_limit: int, max_groups: int, sh
     return groups
 
 
+def _table_key(item: Prepared) -> tuple[int, str, int]:
+    """Calls that may share a table: one pipeline, kernel id and gas limit (one meter, the strictest
+    cap: gas_meter.shared_slot; a stranger's limit of 256 ended its whole table, red team of wave 3)."""
+    return item.pipeline.serial, item.job.call.kernel_id, item.gas.limit if item.gas is not None else 0
+
+
 def _input_order(plain: list[Prepared], shared: list[Prepared], chunked: list[Prepared]) -> tuple[list, list]:
     """(small, large) inputs in the order they are laid out. Small inputs
     first, so the packed upload covers them and nothing else; among them
@@ -192,7 +198,7 @@ def _input_order(plain: list[Prepared], shared: list[Prepared], chunked: list[Pr
     zeroed alignment between them, nobody else's: issue 24's attacker read
     a `double` caller's input between two of its own calls), then groups
     chunked into dispatches of their own. Large inputs, each bound alone, last."""
-    by_kernel = sorted(shared, key=lambda i: (i.pipeline.serial, i.job.call.kernel_id))  # stable: arrival order within
+    by_kernel = sorted(shared, key=_table_key)  # stable: arrival order within
     ordered = plain + by_kernel + chunked
     small = [i for i in ordered if len(i.job.call.input) <= PACK_LIMIT]
     return small, [i for i in ordered if len(i.job.call.input) > PACK_LIMIT]
