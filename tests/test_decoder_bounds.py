@@ -166,8 +166,11 @@ def assert_within_the_guard(frame: bytes) -> None:
     fields = execute_kernel_fields(frame)
     if fields is not None:
         check_frame(frame)
-        _, req_id, _, (kernel, data, hint), timeout = erlang.binary_to_term(frame)
-        assert fields == (req_id, kernel.value, data.value, hint, timeout)
+        _, req_id, _, args, timeout = erlang.binary_to_term(frame)
+        kernel, data, hint = args[:3]
+        usage = len(args) == 4  # the usage form: {KernelId, Input, Hint, usage} (docs/metering.md)
+        assert not usage or terms.atom_name(args[3]) == "usage"
+        assert fields == (req_id, kernel.value, data.value, hint, timeout, usage)
     try:
         decoded = terms.decode_request(frame)
     except KemError as exc:

@@ -172,3 +172,29 @@ def test_the_usage_reply_is_the_librarys_encoding(rng, gas):
         want = terms.encode((terms.atom("reply"), req_id,
                              (terms.atom("ok"), (terms.Binary(payload), {terms.atom("gas"): gas}))))
         assert b"".join(bytes(p) for p in terms.ok_gas_reply(req_id, memoryview(payload), gas)) == want
+
+
+def test_a_usage_execute_kernel_keeps_the_hot_road(port, rng):
+    """kem_usage asks dev_kem's calls as {KernelId, Input, Hint, usage}: the
+    narrow reader takes it (a hot request, usage on its call) and the port
+    answers its gas, 'hot' or not; the bare three-tuple is answered as before."""
+    from kem_port.config import Config
+    from kem_port.wire.request_fast import hot_execute_kernel
+
+    data = rng.integers(0, 2**20, 1000, dtype=np.uint32)
+    usage = terms.atom("usage")
+    frame = terms.encode((terms.atom("call"), 9, terms.atom("execute_kernel"),
+                          (terms.Binary(b"affine"), terms.Binary(data.tobytes()), 1, usage), 5000))
+    request = hot_execute_kernel(frame, Config())
+    assert request is not None and request.hot and request.call.usage and request.call.output_size == data.nbytes
+    plain_frame = terms.encode((terms.atom("call"), 9, terms.atom("execute_kernel"),
+                                (terms.Binary(b"affine"), terms.Binary(data.tobytes()), 1), 5000))
+    assert hot_execute_kernel(plain_frame, Config()).call.usage is False
+    want = (3 * data + 1).astype(np.uint32).tobytes()
+    for _ in range(3):  # compiled, then the reader's kit (run_known)
+        result, gas = port.call("execute_kernel", b"affine", data.tobytes(), 1, usage)
+        assert (terms.binary_bytes(result), plain(gas)) == (want, {"gas": launched(1000)})
+    assert port.call("execute_kernel", b"affine", data.tobytes(), 1) == want
+    with pytest.raises(PortError) as caught:
+        port.call("execute_kernel", b"affine", data.tobytes(), 1, terms.atom("other"))
+    assert caught.value.reason == "bad_args"

@@ -149,6 +149,12 @@ class LoneRoad:
         finally:
             self._busy.release()
 
+    def known_gas(self) -> int:
+        """The last run_known call's gas: what its kit launched (a kit's
+        kernel has no loop), for a call that asked (docs/metering.md)."""
+        kit = self._last[0]
+        return invocations(kit.entry, kit.groups)
+
     def count_known(self, extra: tuple[tuple[str, int], ...]) -> None:
         """Count the last run_known call as run counts one (it waited in no
         queue), with the caller's `extra` counters under the same lock."""

@@ -54,7 +54,7 @@ from kem_port.port.replies import Replies
 from kem_port.stats import Stats
 from kem_port.wire import log_frames
 from kem_port.wire.request_types import KernelRequest
-from kem_port.wire.terms import ok_binary_frame
+from kem_port.wire.terms import ok_binary_frame, ok_gas_frame
 
 log = logging.getLogger("kem_port.lone_call")
 
@@ -112,7 +112,7 @@ class LoneCall:
         if result is None:
             return False
         try:
-            self.write_one(ok_binary_frame(req_id, result))
+            self.write_one(ok_binary_frame(req_id, result) if not call.usage else ok_gas_frame(req_id, result, self.lone.known_gas()))
         except Exception:  # as intake's road: logged, the caller's timer answers it
             log.exception("lone call failed")
             self.stats.bump(_COUNTED)

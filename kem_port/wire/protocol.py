@@ -231,10 +231,11 @@ def _arity(args: tuple, n: int, shape: str) -> None:
 
 def kernel_call(method: str, args: tuple, config: Config, shm: Shm = NO_SHM) -> KernelCall:
     if method == "execute_kernel":
-        _arity(args, 3, "{KernelId, Input, OutputSizeHint}")
+        usage = len(args) == 4 and atom_name(args[3]) == "usage"  # its gas beside the result (docs/metering.md)
+        _arity(args[:3] if usage else args, 3, "{KernelId, Input, OutputSizeHint} (or with usage last)")
         kid, data = _kernel_id(args[0]), _input(args[1], config, shm)
         hint = _positive_int(args[2], "OutputSizeHint", config.max_output_bytes)
-        return KernelCall(kid, data, _output_size(len(data), hint, config))
+        return KernelCall(kid, data, _output_size(len(data), hint, config), usage=usage)
     if method == "execute_kernel_with_params":
         _arity(args, 3, "{KernelId, Input, Params}")
         kid, data = _kernel_id(args[0]), _input(args[1], config, shm)

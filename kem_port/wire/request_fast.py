@@ -155,13 +155,18 @@ def _atom_forms(name: bytes) -> tuple[bytes, ...]:
 
 _EXECUTE_HEADS = tuple(bytes([_VERSION, _SMALL_TUPLE, 5]) + form for form in _atom_forms(b"call"))
 _EXECUTE_METHODS = tuple(form + bytes([_SMALL_TUPLE, 3, _BINARY]) for form in _atom_forms(b"execute_kernel"))
+# A usage call (docs/metering.md): {KernelId, Input, Hint, usage}, the hot
+# shape and one atom, so dev_kem's calls keep this road and the lone kit's.
+_USAGE_METHODS = tuple(form + bytes([_SMALL_TUPLE, 4, _BINARY]) for form in _atom_forms(b"execute_kernel"))
+_USAGE_ATOMS = _atom_forms(b"usage")
 
 
-def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | None:
-    """(ReqId, KernelId, Input, Hint, TimeoutMs) when frame is exactly
+def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int, bool] | None:
+    """(ReqId, KernelId, Input, Hint, TimeoutMs, Usage) when frame is exactly
     ``{call, ReqId, execute_kernel, {KernelId, Input, Hint}, TimeoutMs}``
     with binaries and non-negative integers, the one request the node sends
-    for nearly every small call; otherwise None (decode_hot and erlang-py).
+    for nearly every small call, or its usage form ``{KernelId, Input, Hint,
+    usage}`` (Usage true); otherwise None (decode_hot and erlang-py).
 
     One pass over the bytes and no term objects: 1.1 us (2.7 us with
     hot_execute_kernel's checks and the KernelCall) against 6.5 us for
@@ -189,11 +194,17 @@ def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | 
                 return None
         else:
             pos, req_id = _uint_at(frame, pos)
+        usage = False
         for method in _EXECUTE_METHODS:
             if frame.startswith(method, pos):
                 break
         else:
-            return None
+            for method in _USAGE_METHODS:
+                if frame.startswith(method, pos):
+                    usage = True
+                    break
+            else:
+                return None
         start = pos + len(method) + 4
         pos = start + _uint32(frame, start - 4)[0]
         kernel_id = frame[start:pos]
@@ -208,6 +219,8 @@ def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | 
             hint, pos = frame[pos + 1], pos + 2
         else:
             pos, hint = _uint_at(frame, pos)
+        if usage:
+            pos = _usage_end(frame, pos)
         if frame[pos] == _INTEGER:
             timeout_ms, pos = _int32(frame, pos + 1)[0], pos + 5
             if timeout_ms < 0:
@@ -216,7 +229,15 @@ def execute_kernel_fields(frame: bytes) -> tuple[int, bytes, bytes, int, int] | 
             pos, timeout_ms = _uint_at(frame, pos)
     except (_NotHot, IndexError, struct.error):
         return None
-    return (req_id, kernel_id, data, hint, timeout_ms) if pos == end else None
+    return (req_id, kernel_id, data, hint, timeout_ms, usage) if pos == end else None
+
+
+def _usage_end(frame: bytes, pos: int) -> int:
+    """Where the atom ``usage`` at pos ends; _NotHot if it is not there."""
+    for atom in _USAGE_ATOMS:
+        if frame.startswith(atom, pos):
+            return pos + len(atom)
+    raise _NotHot
 
 
 def _uint_at(data: bytes, i: int) -> tuple[int, int]:
@@ -252,7 +273,7 @@ def hot_execute_kernel(frame: bytes, config: Config) -> KernelRequest | None:
     fields = execute_kernel_fields(frame)
     if fields is None:
         return None
-    req_id, kernel_id, data, hint, timeout_ms = fields
+    req_id, kernel_id, data, hint, timeout_ms, usage = fields
     if not (
         req_id <= MAX_REQ_ID
         and 0 < timeout_ms <= MAX_REQ_ID
@@ -264,6 +285,8 @@ def hot_execute_kernel(frame: bytes, config: Config) -> KernelRequest | None:
         return None
     timeout_s = timeout_ms / 1000.0
     call = KernelCall(kernel_id.decode("ascii"), data, len(data) * hint)
+    if usage:
+        call.usage = True
     # tuple.__new__ straight: the named tuple's own __new__ is one more
     # Python call, ~1 us on a GPU host after the driver's wait (the reader's
     # parse stage, scripts/bench_lone.py --router on the H100: 4.4-4.9 us

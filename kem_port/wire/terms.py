@@ -210,6 +210,13 @@ def ok_gas_reply(req_id: Any, payload: bytes | memoryview, gas: int) -> list[byt
     return [head, payload, _GAS_MAP + (SMALL_INTS[gas] if 0 <= gas < 256 else encode(gas)[1:])]
 
 
+def ok_gas_frame(req_id: Any, payload: bytes | memoryview, gas: int) -> bytes:
+    """ok_gas_reply as one framed buffer (the 4-byte frame length first), for
+    the reader's lone reply (port/lone_call.py), as ok_binary_frame is."""
+    parts = ok_gas_reply(req_id, payload, gas)
+    return b"".join((LENGTH.pack(sum(len(p) for p in parts)), *parts))
+
+
 def ok_reply(req_id: Any, result: Any) -> bytes:
     return encode((atom("reply"), req_id, (atom("ok"), to_term(result))))
 

@@ -45,6 +45,8 @@ large(Input) ->
 %% The three kernel methods as one `execute' with options.
 as_execute(execute_kernel, {K, I, Hint}) when is_binary(I), is_integer(Hint) ->
     {ok, K, I, #{output_size_hint => Hint}};
+as_execute(execute_kernel, {K, I, Hint, usage}) when is_binary(I), is_integer(Hint) ->  % its gas asked (kem_usage)
+    {ok, K, I, #{output_size_hint => Hint, usage => true}};
 as_execute(execute_kernel_with_params, {K, I, P}) when is_binary(I) ->
     {ok, K, I, #{params => P}};
 as_execute(execute, {K, I, Opts}) when is_binary(I), is_map(Opts) ->

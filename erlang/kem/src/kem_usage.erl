@@ -56,13 +56,15 @@ reply_bytes({ok, Bin}) when is_binary(Bin) -> byte_size(Bin);
 reply_bytes({ok, Named}) when is_map(Named) -> lists:sum([byte_size(B) || B <- maps:values(Named), is_binary(B)]);
 reply_bytes(_) -> 0.
 
-%% @doc The method and arguments that ask the port for the call's gas: the
-%% two kem@1.0 methods as their `execute' twins (the same call: an output
-%% of Input times Hint; params with an output of the input's size), and
-%% `usage => true' among `execute''s options. A debug call answers its gas
+%% @doc The method and arguments that ask the port for the call's gas:
+%% `execute_kernel' with `usage' after its three arguments (the hot frame
+%% plus one atom: the port's narrow reader and the reader's lone kit keep
+%% it, docs/metering.md); `execute_kernel_with_params' as its `execute'
+%% twin (params, an output of the input's size), and `usage => true' among
+%% `execute''s options. A debug call answers its gas
 %% in its debug map already; any other method is sent as it is.
 -spec ask_gas(atom(), term()) -> {atom(), term()}.
-ask_gas(execute_kernel, {K, I, Hint}) -> {execute, {K, I, #{output_size_hint => Hint, usage => true}}};
+ask_gas(execute_kernel, {K, I, Hint}) -> {execute_kernel, {K, I, Hint, usage}};  % the hot frame, the lone kit
 ask_gas(execute_kernel_with_params, {K, I, P}) -> {execute, {K, I, #{params => P, usage => true}}};
 ask_gas(execute, {K, I, #{debug := true} = Opts}) -> {execute, {K, I, Opts}};
 ask_gas(execute, {K, I, Opts}) when is_map(Opts) -> {execute, {K, I, Opts#{usage => true}}};

@@ -202,12 +202,15 @@ over_real_http() ->
     end.
 
 %% Figures, not a bound (this machine is shared): the same small call to
-%% a loop-free kernel, interleaved, as the hot execute_kernel frame, as
-%% execute with options, and asking for its gas (execute, usage => true).
+%% a loop-free kernel, interleaved: the hot execute_kernel frame, asking
+%% for its gas (its usage form, as dev_kem asks), execute with options, and
+%% execute asking for its gas (usage => true).
 what_asking_costs() ->
     In = words(lists:seq(1, 1024)),
     Want = words([3 * X + 1 || X <- lists:seq(1, 1024)]),
     Ways = [{"execute_kernel (the hot frame)", fun() -> kem:call(execute_kernel, {<<"affine">>, In, 1}, 5000) end},
+            {"execute_kernel asking usage (the hot frame + usage: dev_kem's)",
+             fun() -> {{ok, Out}, #{gas := 1024}} = kem:call_usage(execute_kernel, {<<"affine">>, In, 1}, 5000), {ok, Out} end},
             {"execute, no usage", fun() -> kem:execute(<<"affine">>, In, #{}) end},
             {"execute, usage => true", fun() -> {ok, Out, #{gas := 1024}} = kem:execute(<<"affine">>, In, #{usage => true}),
                                                {ok, Out} end}],
