@@ -242,8 +242,8 @@ def _shape(type_text: str, types: Types) -> tuple[str, str, str]:
 def compiled_text(text: str, clear: bool, metered: bool) -> str:
     """What the port compiles of a kernel: its gas form when metered (every
     loop counted, gpu/wgsl/wgsl_gas.py; named runs', sessions' and chains'
-    forms come in already made at their gas group, docs/metering.md), then the clearing when asked (kem's own bounded
-    loop, added after the count is placed: uncounted, so gas does not
-    depend on the adapter)."""
+    forms come in already made at their gas group, docs/metering.md), then
+    the clearing when asked (kem's own bounded loop, added after the count
+    is placed: uncounted, so gas does not depend on the adapter)."""
     own = gas_form(text).text if metered else text
     return zero_workgroup_memory(own) if clear else own
