@@ -485,3 +485,49 @@ def test_playground_refusals_speak_the_pages_words_not_erlang(playground):
         for text in texts:
             for erlang in ("OtpErlang", "atom or binar", "atoms or binar", "<<", "=>", "#{"):
                 assert erlang not in text, (route, text)
+
+
+def _peak_rss_reset() -> int:
+    """Reset this process's peak RSS (Linux: clear_refs 5) and return the RSS now, in KiB."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    return _status_kib("VmRSS")
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith(field + ":")).split()[1])
+
+
+def test_playground_a_png_bomb_is_refused_before_it_is_decoded(playground):
+    """A 17.5 KB PNG of 12000 x 12000 one-bit pixels is 576 MB as RGBA:
+    it was decoded (1.8 GB at the peak, in the server's process) before any
+    size was checked. Its size is read from the header and refused first."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (12000, 12000)).save(buf, format="PNG")
+    data = base64.b64encode(buf.getvalue()).decode()
+    assert len(data) < 30_000
+    before = _peak_rss_reset()
+    status, answer = _post(playground, "/api/run", {"code": DOUBLE, "input": {"kind": "file", "data": data, "png": True}})
+    grew_mib = (_status_kib("VmHWM") - before) / 1024
+    assert status == 413 and answer["error"]["reason"] == "too_large", answer
+    assert "12000 x 12000 PNG" in answer["error"]["detail"]
+    assert grew_mib < 100, f"the server's peak memory grew {grew_mib:.0f} MiB"
+
+
+def test_playground_a_png_past_pillows_own_limit_is_too_large(playground):
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (20000, 10000)).save(buf, format="PNG")  # 200 M pixels: Pillow refuses it at open
+    status, answer = _post(playground, "/api/run", {"code": DOUBLE, "input": {
+        "kind": "file", "data": base64.b64encode(buf.getvalue()).decode(), "png": True}})
+    assert status == 413 and answer["error"]["reason"] == "too_large", answer

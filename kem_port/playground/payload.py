@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,7 @@ def load(spec: Any, limit: int, what: str) -> Loaded:
             raise bad_args(f"{what}.text: not hex") from None
     if kind == "file":
         data = _base64(spec.get("data"), what, limit)
-        return _png(data, what) if spec.get("png") else Loaded(data)
+        return _png(data, what, limit) if spec.get("png") else Loaded(data)
     raise bad_args(f"{what}.kind: random, hex or file")
 
 
@@ -130,14 +131,30 @@ def named(body: dict, limit: int) -> tuple[dict[str, Loaded], dict[str, int]]:
     return loaded, {_name(n): _count(size, f"outputs.{n}", limit) for n, size in outputs.items()}
 
 
-def _png(data: bytes, what: str) -> Loaded:
+def _png(data: bytes, what: str, limit: int) -> Loaded:
     try:
         from PIL import Image
     except ImportError:
         raise KemError("bad_args", "PNG inputs need Pillow (pip install Pillow)") from None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():  # Pillow's bomb warning: the size check below is ours
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError:  # over twice Pillow's own pixel limit: refused at open
+        raise too_large(f"{what}: a PNG over KEM_MAX_INPUT_BYTES={limit} as RGBA") from None
+    except Exception:  # Pillow raises several types for a bad file
+        raise bad_args(f"{what}: not a readable PNG") from None
+    try:
+        with img:
+            # Its RGBA size before decoding: a 17.5 KB PNG of 12000 x 12000
+            # one-bit pixels decoded to 576 MB (1.8 GB at the peak) before
+            # any limit was checked.
+            if img.width * img.height * 4 > limit:
+                raise too_large(f"{what}: a {img.width} x {img.height} PNG is {img.width * img.height * 4} bytes as RGBA, "
+                                f"over KEM_MAX_INPUT_BYTES={limit}")
             rgba = img.convert("RGBA")
+    except KemError:
+        raise
     except Exception:  # Pillow raises several types for a bad file
         raise bad_args(f"{what}: not a readable PNG") from None
     return Loaded(rgba.tobytes(), rgba.size)  # one u32 word a pixel, row-major, as the image kernels expect
