@@ -167,6 +167,7 @@ LOOP_900 = HEAD + """@compute @workgroup_size(WG) fn main(@builtin(global_invoca
 }
 """
 WG_DEFAULTS = {"wg_literal": "64", "wg_expression": "8u * 8u", "wg_max": "max(32u, 64u)"}
+CONST_WG = {"wg_const": "const WG = 64u;", "wg_const_chain": "const A = 8u;\nconst WG = A * A;"}
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +175,8 @@ def port(tmp_path_factory):
     kernels = tmp_path_factory.mktemp("wave3")
     for name, shape in SHAPES.items():
         (kernels / f"{name}.wgsl").write_text("override N: u32 = 4;\n" + shape + BODY)
+    for name, decl in CONST_WG.items():
+        (kernels / f"{name}.wgsl").write_text(decl + "\n" + LOOP_900)
     for name, default in WG_DEFAULTS.items():
         (kernels / f"{name}.wgsl").write_text(f"override WG: u32 = {default};\n" + LOOP_900)
     for shape in LITERAL:
@@ -254,3 +257,21 @@ def test_gas_counts_every_invocation_of_an_override_sized_workgroup(port, kernel
     assert err.value.reason == "gas_exhausted" and "of limit 1000" in err.value.detail
     gas = plain(port.call("execute", kernel.encode(), bytes(4), {**opts, "debug": True, "constants": {"WG": 128}})[1])["gas"]
     assert gas == 128 + 128 * 900
+
+
+@pytest.mark.parametrize("kernel", sorted(CONST_WG))
+def test_gas_counts_every_invocation_of_a_const_sized_workgroup(port, kernel):
+    """BEFORE: @workgroup_size(WG) with a const WG was not read: gas counted
+    one invocation a workgroup (debug 57,601 for 57,664; a gas_limit of
+    1,000 let 57,664 run) and the call needed workgroups. Now the const is
+    read: the gas is every invocation's and the default dispatch runs."""
+    opts = {"output_size": 1024, "workgroups": (1, 1, 1)}
+    assert plain(port.call("execute", kernel.encode(), bytes(4), {**opts, "debug": True})[1])["gas"] == 64 + 64 * 900
+    with pytest.raises(PortError) as err:
+        port.call("execute", kernel.encode(), bytes(4), {**opts, "gas_limit": 1000})
+    assert err.value.reason == "gas_exhausted" and "of limit 1000" in err.value.detail
+    acc = 0
+    for k in range(900):
+        acc = (acc * 31 + k) & 0xFFFFFFFF
+    out = port.call("execute", kernel.encode(), bytes(4), {"output_size": 1000 * 4})  # ceil(1000 / 64) workgroups
+    assert np.frombuffer(out, np.uint32).tolist() == [acc] * 1000

@@ -92,11 +92,13 @@ def _check_value(override: Override, value: int | float) -> None:
 
 def known_ints(shape: KernelShape, values: dict[str, int | float]) -> dict[str, int]:
     """The integer overrides' values: the call's and literal defaults
-    (values), then defaults that are expressions (HALF = WG / 2u), each
-    evaluated with the values known so far."""
+    (values), then defaults that are expressions (HALF = WG / 2u) and the
+    module's consts where reflect read them (KernelShape.const_inits),
+    each evaluated with the values known so far."""
     known = {k: v for k, v in values.items() if type(v) is int}
-    for _ in range(len(shape.override_inits)):  # an override's default may name another's: WG / 2u
-        later = {name: _count(init, known) for name, init in shape.override_inits if name not in values and name not in known}
+    inits = shape.const_inits + shape.override_inits  # a const names consts only
+    for _ in range(len(inits)):  # an override's default may name another's: WG / 2u
+        later = {name: _count(init, known) for name, init in inits if name not in values and name not in known}
         found = {name: number for name, number in later.items() if number is not None}
         if not found:
             break
@@ -270,7 +272,7 @@ def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tup
     if not shape.overrides:
         if given:
             raise bad_args(f"constants: the kernel declares no override {given[0][0]!r} (its overrides: none)")
-        return entry
+        return workgroup_size(entry, shape, {}) if entry is not None and shape.const_inits else entry
     values = resolved(shape, given)
     check_workgroup_arrays(shape, values)
     return workgroup_size(entry, shape, values) if entry is not None else None

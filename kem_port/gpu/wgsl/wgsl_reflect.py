@@ -17,7 +17,7 @@ import tree_sitter_wgsl_bevy
 from tree_sitter import Language, Node, Parser
 
 from kem_port.gpu.wgsl.wgsl_layout import UniformSizes
-from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_vars
+from kem_port.gpu.wgsl.wgsl_workgroup import module_consts, workgroup_vars
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class KernelShape:
     # constants set gives to admission/limits.py's bound on literal ones.
     workgroup_vars: tuple[tuple[str, str], ...] = ()
     override_inits: tuple[tuple[str, str], ...] = ()  # (name, initializer text) of overrides with one
+    const_inits: tuple[tuple[str, str], ...] = ()  # (name, initializer text) of module consts, where a workgroup size is not literal
 
     def compute_entries(self) -> str:
         """The @compute entry points' names, for an error that lists them (plain functions are not entry points)."""
@@ -247,4 +248,6 @@ def reflect(source: str) -> KernelShape:
             o = _override(node)
             if o is not None:
                 overrides.append(o)
-    return KernelShape(entries, tuple(bindings), tuple(overrides), *(workgroup_vars(source) if overrides else ((), ())))
+    # Consts only where a workgroup size names one (const WG = 256u): gas counts invocations by it.
+    consts = module_consts(source) if any(e.workgroup_size is None and e.workgroup_size_text for e in entries.values()) else ()
+    return KernelShape(entries, tuple(bindings), tuple(overrides), *(workgroup_vars(source) if overrides else ((), ())), consts)

@@ -71,6 +71,21 @@ def _replace_consts(text: str, consts: dict[str, str], budget: list[int]) -> str
 
 
 
+def module_consts(source: str) -> tuple[tuple[str, str], ...]:
+    """(name, initializer text) of each module-scope const (the first of a
+    name: module scope comes before functions that shadow it); () for text
+    the lexer refuses."""
+    try:
+        code = canonical(source)
+    except KemError:
+        return ()
+    consts: dict[str, str] = {}
+    for m in _INIT.finditer(code):
+        if m.group(1) == "const":
+            consts.setdefault(m.group(2), " ".join(m.group(3).split()))
+    return tuple(consts.items())
+
+
 def _followed(text: str, aliases: dict[str, str]) -> str:
     """text with aliases followed, UNREAD past MAX_ALIAS_STEPS of them."""
     for _ in range(MAX_ALIAS_STEPS):
