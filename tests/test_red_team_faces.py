@@ -531,3 +531,26 @@ def test_playground_a_png_past_pillows_own_limit_is_too_large(playground):
     status, answer = _post(playground, "/api/run", {"code": DOUBLE, "input": {
         "kind": "file", "data": base64.b64encode(buf.getvalue()).decode(), "png": True}})
     assert status == 413 and answer["error"]["reason"] == "too_large", answer
+
+
+@pytest.mark.parametrize("size", [(12000, 12000), (20000, 10000)])
+def test_kem_run_refuses_a_png_bomb_from_its_header(tmp_path, size):
+    """`kem run --input bomb.png`: the same 17.5 KB PNG decoded to 576 MB
+    (1.8 GB at the peak) before KEM_MAX_INPUT_BYTES was checked; one past
+    Pillow's own limit said "not a readable PNG". Both are too_large now,
+    read from the header, the process's peak memory staying small."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    Image.new("1", size).save(tmp_path / "bomb.png", format="PNG")
+    code = ("import sys\nfrom kem_port.cli import main\ncode = main(sys.argv[1:])\n"
+            "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, "run", "double", "--input", str(tmp_path / "bomb.png"), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert "too_large" in done.stderr and "bomb.png" in done.stderr, done.stderr
+    assert int(done.stdout.split()[-1]) < 400 * 1024, f"peak RSS {done.stdout.split()[-1]} KiB"
+    assert not (tmp_path / "o").exists()
