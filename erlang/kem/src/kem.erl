@@ -199,7 +199,8 @@ chain(Steps, Opts) ->
 %% also returning what it cost: as `chain/2', with `request/2''s output
 %% budget on the chain's input and on all the buffers its steps make
 %% together, and each step's `workgroups' bounded by its output
-%% (kem_chain_budget).
+%% (kem_chain_budget). The port is asked for the chain's gas (`usage =>
+%% true'), which the usage record carries (docs/metering.md).
 -spec request_chain_usage([kem_session:step()], map()) ->
     {{ok, binary() | #{binary() => binary()}} | {error, kem_port:reason()}, usage()}.
 request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
@@ -209,7 +210,7 @@ request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
         true -> {{error, {too_large, over_budget(byte_size(Input), Budget)}}, no_usage()};
         false ->
             case kem_chain_budget:check(proper(Steps), Input, Budget) of
-                ok -> chain_checked(Steps, maps:without([session], Opts));
+                ok -> chain_checked(Steps, (maps:without([session], Opts))#{usage => true});
                 Refused -> {Refused, no_usage()}
             end
     end;
@@ -342,10 +343,10 @@ proper(List) ->
 %% cost (on this node: sessions are not forwarded).
 counted(Method, KernelId, Input, Run) ->
     Start = erlang:monotonic_time(microsecond),
-    Reply = Run(),
+    {Reply, Gas} = kem_usage:take_gas(Run()),
     WallUs = erlang:monotonic_time(microsecond) - Start,
     BytesIn = case is_binary(Input) of true -> byte_size(Input); false -> 0 end,
-    {Reply, done(Method, kem_usage:of_input(KernelId, BytesIn, Reply, WallUs, node()), Reply)}.
+    {Reply, done(Method, kem_usage:with_gas(kem_usage:of_input(KernelId, BytesIn, Reply, WallUs, node()), Gas), Reply)}.
 
 %% Count a call that ran in kem_metrics (by method) and the dashboard; its usage record.
 done(Method, Usage = #{kernel_id := KernelId, bytes_in := In, bytes_out := Out, us := WallUs}, Reply) ->

@@ -246,7 +246,8 @@ dev_kem_chain_equals_composition() ->
     ?assertMatch({ok, #{<<"status">> := 200, <<"body">> := Expected}},
                  dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{})).
 
-%% The chain's `gas-limit' in the body; a runaway step is 402 naming it.
+%% The chain's `gas-limit' in the body; a runaway step is 402 naming it;
+%% a chain that answers has its gas in `kem-usage-gas'.
 dev_kem_chain_runs_out_of_gas_with_402() ->
     Input = binary_to_list(crypto:strong_rand_bytes(256)),
     Steps = [#{<<"kernel_id">> => <<"double">>}, #{<<"kernel-id">> => <<"spin">>}],
@@ -255,6 +256,10 @@ dev_kem_chain_runs_out_of_gas_with_402() ->
                                                                  <<"gas-limit">> => 100000})}, #{}),
     {ok, #{<<"details">> := Detail}} = kem_json:decode(Body),
     ?assertMatch({match, _}, re:run(Detail, <<"^step 2: gas used [0-9]+ of limit 100000 ">>)),
+    %% The usage record carries the chain's gas: double twice, 256 invocations each.
+    {ok, Ok} = dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(#{<<"input-data">> => Input,
+                                                                        <<"steps">> => [hd(Steps), hd(Steps)]})}, #{}),
+    ?assertEqual(512, maps:get(<<"kem-usage-gas">>, Ok)),
     [?assertMatch({error, #{<<"status">> := 400}},
                   dev_kem:execute_chain(#{}, #{<<"body">> => chain_body(#{<<"input-data">> => Input, <<"steps">> => Steps,
                                                                           <<"gas-limit">> => Bad})}, #{}))
