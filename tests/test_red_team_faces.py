@@ -554,3 +554,19 @@ def test_kem_run_refuses_a_png_bomb_from_its_header(tmp_path, size):
     assert "too_large" in done.stderr and "bomb.png" in done.stderr, done.stderr
     assert int(done.stdout.split()[-1]) < 400 * 1024, f"peak RSS {done.stdout.split()[-1]} KiB"
     assert not (tmp_path / "o").exists()
+
+
+def test_playground_named_inputs_are_summed_before_any_is_made(playground):
+    """Each named input alone within KEM_MAX_INPUT_BYTES (256 MiB), four
+    random ones of 200 MiB were all made (800 MB) before their total was
+    refused: a 300-byte request. The declared sizes are summed first."""
+    add = ("@group(0) @binding(0) var<storage, read> a: array<u32>;\n"
+           "@group(0) @binding(1) var<storage, read_write> c: array<u32>;\n"
+           "@compute @workgroup_size(32) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+           "  if (g.x < arrayLength(&c)) { c[g.x] = a[g.x]; } }\n")
+    buffers = {f"b{i}": {"kind": "random", "size": 200 << 20, "seed": i} for i in range(4)}
+    before = _peak_rss_reset()
+    status, answer = _post(playground, "/api/run", {"code": add, "mode": "named", "grid": [1], "buffers": buffers, "outputs": {"c": 4}})
+    grew_mib = (_status_kib("VmHWM") - before) / 1024
+    assert status == 413 and answer["error"]["reason"] == "too_large", answer
+    assert grew_mib < 100, f"the server's peak memory grew {grew_mib:.0f} MiB"
