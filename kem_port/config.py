@@ -85,6 +85,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("adapter", "adapter", None, _text, "best available", "adapter by index or name substring"),
     S("max_output_bytes", "max_output_bytes", 256 * MiB, _integer(4), "256 MiB", "largest output; refused beyond, before allocating (the adapter's binding limit also applies)"),
     S("max_input_bytes", "max_input_bytes", 256 * MiB, _integer(4), "256 MiB", "largest input; refused beyond, before allocating"),
+    S("gas_turns", "gas_turns", 60_000, _integer(1), "60000", "the most loop turns one invocation may count in one call, whatever its gas limit (at most 65,000 on a CPU adapter: lavapipe ends loops at 65,535 by itself; docs/metering.md)"),
     S("gas_limit", "gas_limit", 1 << 34, _integer(1), "2^34", "a call's gas budget when it gives no `gas_limit` option: invocations launched plus loop iterations (docs/metering.md); past it, `gas_exhausted`"),
     S("max_params_bytes", "max_params_bytes", 64 * 1024, _integer(16), "64 KiB", "largest params binary"),
     S("kernel_dir", "kernel_dir", None, Path, "–", "`<id>.wgsl` files, searched before the packaged examples"),
@@ -139,6 +140,7 @@ class Config:
     max_input_bytes: int = _default("max_input_bytes")
     max_params_bytes: int = _default("max_params_bytes")
     gas_limit: int = _default("gas_limit")
+    gas_turns: int = _default("gas_turns")
     kernel_dir: Path | None = _default("kernel_dir")
     queue_limit: int = _default("queue_limit")
     queue_bytes: int = _default("queue_bytes")

@@ -135,3 +135,22 @@ def test_through_the_port_a_runaway_ends_by_budget_and_the_port_goes_on(tmp_path
         assert port.call("execute", b"looping", data.tobytes(), {"output_size": 256}) == expected(data)
         print(f"next call after a runaway: {(time.perf_counter() - started) * 1e3:.1f} ms")
         assert port.proc.pid == pid and port.proc.poll() is None
+
+
+def test_the_turns_ceiling_ends_a_runaway_that_the_default_limit_would_not(tmp_path, rng):
+    """KEM_GAS_TURNS bounds an invocation whatever the call's limit: with
+    the shipped default limit (2^34: 2^28 turns for 64 invocations) a spin
+    ran into the H100's 60 s timeout, and on lavapipe, which ends loops at
+    65,535 turns by itself, came back as a success with 65,535 in every
+    word (docs/metering.md). Now it is gas_exhausted at the ceiling, on both
+    the node's default limit and a huge limit of the call's own."""
+    (tmp_path / "runaway.wgsl").write_bytes(RUNAWAY)
+    (tmp_path / "looping.wgsl").write_bytes(LOOPING)
+    data = rng.integers(0, 2**32, 64, dtype=np.uint32)
+    with start_port(KEM_KERNEL_DIR=str(tmp_path), KEM_GAS_TURNS="1000000") as port:  # a CPU adapter keeps 65,000
+        for options in ({"output_size": 256}, {"output_size": 256, "gas_limit": 1 << 40}):
+            with pytest.raises(PortError) as caught:
+                port.call("execute", b"runaway", bytes(256), options)
+            assert caught.value.reason == "gas_exhausted"
+            assert caught.value.detail.startswith(f"gas used {64 + 64 * 65001} ")  # each invocation: 65,000 turns and the tick that broke
+        assert port.call("execute", b"looping", data.tobytes(), {"output_size": 256}) == expected(data)

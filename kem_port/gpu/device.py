@@ -15,7 +15,7 @@ import wgpu
 
 from kem_port.config import Config
 from kem_port.errors import KemError
-from kem_port.gpu import hot_path, timing
+from kem_port.gpu import gas_meter, hot_path, timing
 from kem_port.gpu.buffer_pool import BufferPool
 from kem_port.gpu.dispatch import DispatchLimits
 from kem_port.stats import Stats
@@ -91,6 +91,7 @@ class Device:
     def open(self) -> None:
         started = time.perf_counter()
         self.adapter = choose_adapter(self.config.adapter)
+        gas_meter.set_turns(self.config.gas_turns, self.adapter.info.get("adapter_type") == "CPU")
         limits = self.adapter.limits
         wanted = {name: limits[name] for name in LIMITS if name in limits}
         features = ["timestamp-query"] if timing.wanted(self.config.gpu_timing, self.adapter) else []

@@ -170,17 +170,41 @@ def exhausted(gas: int, slot: GasSlot) -> KemError:
 
 
 CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-loop entry: 2^30 keeps it far from u32 wrap
+# The most loop turns one invocation may count in one call, whatever its
+# gas limit (KEM_GAS_TURNS, set when the device opens). Measured on the
+# H100 (docs/results/issue27_h100_gas_bench.txt): runaways of five shapes at
+# 65,000 turns an invocation were answered in 2.8-20 ms, while the 2^28 turns
+# that 2^34 gave 64 invocations ran into the 60 s timeout. lavapipe ends an
+# invocation's loops at 65,535 turns by itself, silently (a wrong answer
+# reported as a success), so on a CPU adapter the ceiling stays under it
+# and such a kernel is gas_exhausted instead.
+TURNS_DEFAULT = 60_000
+CPU_TURNS_MAX = 65_000
+_turns = TURNS_DEFAULT
+
+
+def set_turns(turns: int, cpu_adapter: bool) -> int:
+    """Set the per-invocation ceiling for this process's device (its one
+    device: the port opens one); returns the ceiling in force."""
+    global _turns
+    _turns = max(1, min(turns, CAP_MAX, CPU_TURNS_MAX if cpu_adapter else CAP_MAX))
+    return _turns
+
+
+def turns_max() -> int:
+    return _turns
 
 
 def per_invocation_cap(gas_limit: int, invocations: int) -> int:
     """The cap each invocation's loop iterations get from a call's gas
-    limit: what is left after launching, shared evenly (gas_exhausted
-    before launch when the limit does not cover the invocations)."""
+    limit: what is left after launching, shared evenly, at most the
+    device's turns ceiling (gas_exhausted before launch when the limit does
+    not cover the invocations)."""
     if invocations <= 0:
-        return CAP_MAX
+        return _turns
     if gas_limit < invocations:
         raise KemError("gas_exhausted", f"gas used 0 of limit {gas_limit}: launching {invocations} invocations needs {invocations}")
-    return min((gas_limit - invocations) // invocations, CAP_MAX)
+    return min((gas_limit - invocations) // invocations, _turns)
 
 
 def meter_gas(words: tuple[int, int, int, int] | list[int], invocations: int) -> tuple[int, bool]:
