@@ -140,10 +140,10 @@ def test_bad_kernels(kernel_dir):
         assert reason == "bad_kernel" and "group 0" in detail
         reason, detail = error_of(port, "execute_kernel", b"vertex", b"abcd", 1)
         assert reason == "bad_kernel"
-        # workgroup_size from a const: kem cannot size it, so it says so...
-        reason, detail = error_of(port, "execute_kernel", b"constwg", b"abcd", 1)
-        assert reason == "bad_kernel" and "workgroups" in detail
-        # ...and the caller's explicit workgroups make it run.
+        # workgroup_size from a const: kem reads the const (constants.resolve_entry),
+        # so the default dispatch applies...
+        assert port.call("execute_kernel", b"constwg", struct.pack("<I", 41), 1) == struct.pack("<I", 44)
+        # ...and the caller's explicit workgroups still run it.
         out = port.call("execute", b"constwg", struct.pack("<2I", 1, 2), {"workgroups": (1, 1, 1)})
         assert struct.unpack("<2I", out) == (4, 5)
         # The port is still fine after all of that.
@@ -281,3 +281,25 @@ def test_shared_memory_transfer(tmp_path, rng):
     with start_port() as port:  # no KEM_SHM_DIR: no shared memory at all
         reason, _ = error_of(port, "execute", b"double", (terms.atom("shm"), str(shm / "1.in").encode()), {})
         assert reason == "bad_args"
+
+
+@pytest.mark.parametrize("key, named", [
+    (erlang.OtpErlangAtom(b"outptu"), "'outptu'"),
+    (erlang.OtpErlangBinary(b"1x", 8), "'1x'"),
+    (7, "7"),
+    (erlang.OtpErlangBinary(b"\x1b[31m" + b"a" * 100, 8), "'\\x1b[31m" + "a" * 32 + "...'"),
+])
+def test_a_bad_key_is_named_in_plain_words_not_pythons_repr(key, named):
+    """Untrusted keys in refusals read as the caller wrote them (an Erlang
+    caller once read `unknown option OtpErlangAtom('outptu')`), escaped and
+    bounded."""
+    from kem_port.errors import KemError
+    from kem_port.wire import protocol
+
+    with pytest.raises(KemError) as caught:
+        protocol.options({key: 1}, ("output_size",), "Opts", "option")
+    assert caught.value.detail == f"unknown option {named}; known: output_size"
+    assert "Otp" not in caught.value.detail
+    with pytest.raises(KemError) as caught:
+        protocol.constants({key: 1}) if not isinstance(key, erlang.OtpErlangAtom) else protocol.constants({(1, 2): 1})
+    assert "Otp" not in caught.value.detail and "(1, 2)" not in caught.value.detail

@@ -18,7 +18,7 @@ from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
 from kem_port.wire.request_fast import MAX_REQ_ID
-from kem_port.wire.terms import atom_name, binary_bytes
+from kem_port.wire.terms import atom_name, binary_bytes, shown
 
 # Used with fullmatch: "$" also matches before a trailing newline.
 KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -207,7 +207,7 @@ def constants(value: Any) -> tuple[tuple[str, int | float], ...]:
     for key, item in value.items():
         name = _constant_name(key)
         if name is None:
-            raise bad_args(f"constants keys must be WGSL identifiers (atoms or binaries), not {key!r}")
+            raise bad_args(f"constants keys must be WGSL identifiers (atoms or binaries), not {shown(key)}")
         if type(item) not in (int, float):
             raise bad_args(f"constants value of {name} must be an integer or a float")
         named[name] = item
@@ -257,7 +257,7 @@ def options(value: Any, known: tuple[str, ...], map_name: str, key_name: str) ->
     for key, item in value.items():
         name = atom_name(key)
         if name not in known:
-            raise bad_args(f"unknown {key_name} {key!r}; known: {', '.join(known)}")
+            raise bad_args(f"unknown {key_name} {shown(key)}; known: {', '.join(known)}")
         named[name] = item
     return named
 

@@ -60,6 +60,23 @@ def atom_name(value: Any) -> str | None:
     return None
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """A caller's term as a reply names it, in plain words: an atom or a
+    binary by its text (quoted, non-printable bytes escaped, at most
+    `limit` characters), a number as itself, anything else by its kind,
+    never Python's repr of erlang-py's classes (OtpErlangAtom('x'))."""
+    text = atom_name(value)
+    if text is None:
+        raw = binary_bytes(value)
+        if raw is None:
+            if type(value) in (int, float):
+                return str(value)
+            return f"a {type(value).__name__.removeprefix('OtpErlang').lower() or 'term'}"
+        text = raw.decode("ascii", "backslashreplace")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "'" + (text if len(text) <= limit else text[:limit] + "...") + "'"
+
+
 def binary_bytes(value: Any) -> bytes | None:
     """The bytes of a binary term (whole bytes only), or None."""
     if isinstance(value, Binary) and value.bits == 8 and isinstance(value.value, bytes):
