@@ -69,13 +69,13 @@ def test_warm_key_separates_environments_that_change_a_command(name, monkeypatch
     assert client.key() == first  # and the same shell finds its process again
 
 
-def _start_warm(folder, env):
+def _start_warm(folder, env, cwd=None):
     import subprocess
     import sys
     import time
 
     sock = folder / "kem-warm-red.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "kem_port.warm", str(sock), "120"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "kem_port.warm", str(sock), "120"], env=env, cwd=cwd,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 90
     while not sock.exists() and time.monotonic() < deadline:
@@ -570,3 +570,34 @@ def test_playground_named_inputs_are_summed_before_any_is_made(playground):
     grew_mib = (_status_kib("VmHWM") - before) / 1024
     assert status == 413 and answer["error"]["reason"] == "too_large", answer
     assert grew_mib < 100, f"the server's peak memory grew {grew_mib:.0f} MiB"
+
+
+def test_a_warm_process_ends_when_its_sources_change(tmp_path):
+    """An edit of kem_port's sources changes the warm key, so every later
+    --warm command starts a new process; the old one held its device and
+    worker (~260 MB on lavapipe) for its 10 idle minutes, one per edit.
+    It now sees the change at its next accept poll and ends, socket and
+    all. Run on a copy of kem_port, so the shared tree is not touched."""
+    import shutil
+    import time
+    from pathlib import Path
+
+    from kem_port.warm.server import ACCEPT_POLL_S
+
+    root = Path(__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    shutil.copytree(root / "kem_port", copy / "kem_port", ignore=shutil.ignore_patterns("__pycache__"))
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(copy), "KEM_KERNEL_DIR": str(tmp_path / "kernels")}
+    proc, path = _start_warm(folder, env, cwd=copy)  # -m puts the cwd first on sys.path
+    try:
+        time.sleep(ACCEPT_POLL_S + 1)
+        assert proc.poll() is None  # unchanged sources: it serves on
+        edited = copy / "kem_port" / "warm" / "__init__.py"
+        edited.write_text(edited.read_text() + "# edited\n")
+        assert proc.wait(timeout=ACCEPT_POLL_S * 4 + 10) == 0
+        assert not path.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kem_port.warm.client import HEADER, MAX_REQUEST
+from kem_port.warm.client import HEADER, MAX_REQUEST, key
 
 IDLE_EXIT_S = 600.0  # ten minutes without a command: the device and its memory go back
 ACCEPT_POLL_S = 5.0
@@ -68,11 +68,19 @@ def serve(path: Path, idle_exit_s: float = IDLE_EXIT_S) -> int:
     listener.settimeout(min(ACCEPT_POLL_S, idle_exit_s))
     signal.signal(signal.SIGTERM, _stop)  # ends through the finally below: the socket file goes too
     last = time.monotonic()
+    started_key = key()
     try:
         while time.monotonic() - last < idle_exit_s:
             try:
                 conn, _ = listener.accept()
             except socket.timeout:
+                # kem_port's sources changed (the key holds their newest
+                # mtime): no client will ask this process again, they start
+                # a new one; it ends now rather than holding a device and
+                # its worker (~260 MB on lavapipe) for the idle minutes, one
+                # such process per edit of a checkout.
+                if key() != started_key:
+                    break
                 continue
             with conn:
                 _one(conn, runner)
