@@ -146,7 +146,7 @@ class CompileGuard:
         worker = self._ready_worker()
         clear = self.settings.zero_workgroup == "on" or (self.settings.zero_workgroup == "auto" and worker.leaks_workgroup)
         tkey, text = _text(self._texts, source, shape, clear)
-        request = {"code": text, "entry": entry, "has_params": shape}
+        request = {"code": text, "entry": entry, "has_params": shape, "kernel_id": source.kernel_id}
         if shape in (SESSION, SESSION_GAS):
             request.update(has_params=False, layout="auto")
         if len(key) > 3:  # the very constants the port will compile with (gpu/pipelines.py)

@@ -5,7 +5,7 @@ or hangs the shader compiler takes down this process, never the port.
 It opens its own device on the port's adapter, probes it for workgroup
 memory that leaks between dispatches, then sets its resource limits and
 answers requests one at a time over its pipes (``{packet,4}`` frames of
-JSON): ``{"code", "entry", "has_params"[, "constants"]}`` ->
+JSON): ``{"code", "entry", "has_params", "kernel_id"[, "constants"]}`` ->
 ``{"ok": true}`` or ``{"ok": false, "reason", "detail"}``. It runs the same
 ``create_shader_module`` + ``create_compute_pipeline`` the port will.
 
@@ -67,7 +67,8 @@ def compile_kernel(device: Any, request: dict) -> dict:
     try:
         module = device.create_shader_module(code=request["code"])
     except wgpu.GPUError as exc:
-        return {"ok": False, "reason": "shader_error", "detail": str(exc)[:4000]}
+        from kem_port.gpu.pipelines import named_shader
+        return {"ok": False, "reason": "shader_error", "detail": named_shader(str(exc)[:4000], str(request.get("kernel_id", "kernel")))}
     from kem_port.admission.first_dispatch import bindings_of, dispatch_once
     from kem_port.gpu.contract import layout_entries
     from kem_port.gpu.pipelines import compute_stage

@@ -55,6 +55,13 @@ def gpu_message(exc: BaseException) -> str:
     return text[:4000] if text else type(exc).__name__
 
 
+def named_shader(message: str, kernel_id: str) -> str:
+    """naga's message with the kernel's id where it names the shader: wgpu-native
+    22 drops the module's label, so compile errors said ``Shader '' parsing
+    error`` and ``┌─ wgsl:4:26`` (issue 26), not which kernel."""
+    return message.replace("Shader ''", f"Shader '{kernel_id}'").replace("┌─ wgsl:", f"┌─ {kernel_id}:").replace("┌─ :", f"┌─ {kernel_id}:")
+
+
 def _key(source: KernelSource, call: KernelCall) -> tuple:
     # debug: a debug call's pipeline binds the debug channel (contract.DEBUG);
     # constants: each set is its own pipeline (None, the kernel's defaults)
@@ -211,7 +218,7 @@ def compile_with_layout(device: wgpu.GPUDevice, source: KernelSource, entry: str
     try:
         module = device.create_shader_module(code=text, label=source.kernel_id)
     except wgpu.GPUError as exc:
-        raise KemError("shader_error", gpu_message(exc)) from None
+        raise KemError("shader_error", named_shader(gpu_message(exc), source.kernel_id)) from None
     try:
         layout = device.create_bind_group_layout(entries=entries)
         gas_layout = device.create_bind_group_layout(entries=gas_meter.layout_entries()) if metered else None

@@ -22,7 +22,7 @@ from kem_port.errors import KemError
 from kem_port.gpu.session.chain_steps import AnyStep, Chain, ClearStep, CopyStep, Step, StepError
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
-from kem_port.gpu.session.session_pipelines import named_shader
+from kem_port.gpu.pipelines import named_shader
 from kem_port.gpu.session.session_service import SessionService
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull

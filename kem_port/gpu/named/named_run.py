@@ -33,7 +33,7 @@ from kem_port.gpu.named import named_gas
 from kem_port.gpu.named.named_gas import NamedOutputs
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
-from kem_port.gpu.pipelines import compute_stage, gpu_message
+from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
 from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
 from kem_port.gpu.session.chain_budget import ChainBudget
 from kem_port.gpu.wgpu_private import ErrorCapture
@@ -166,7 +166,7 @@ class NamedRuns:
         try:
             module = errors.call(lambda: device.create_shader_module(code=text, label=source.kernel_id))
         except wgpu.GPUError as exc:
-            raise KemError("shader_error", gpu_message(exc)) from None
+            raise KemError("shader_error", named_shader(gpu_message(exc), source.kernel_id)) from None
         try:
             layouts = errors.call(self._layouts, device, bound, gas_group)
             pipeline = errors.call(lambda: device.create_compute_pipeline(

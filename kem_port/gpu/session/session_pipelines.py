@@ -26,7 +26,7 @@ from kem_port.errors import KemError
 from kem_port.gpu import contract, gas_meter
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
-from kem_port.gpu.pipelines import compute_stage, gpu_message
+from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
 from kem_port.gpu.session.session_contract import SessionLayout
 from kem_port.gpu.wgpu_private import ErrorCapture, serial_of
 from kem_port.gpu.wgsl.wgsl_calls import used_names
@@ -129,13 +129,6 @@ def own_shape(text: str) -> KernelShape:
 def _key(source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None) -> tuple:
     """Each constants set is its own pipeline (gpu/constants.set_key: -0.0 is not 0.0)."""
     return source.sha256, entry_point, params is not None, set_key(constants) if constants else None
-
-
-def named_shader(message: str, kernel_id: str) -> str:
-    """naga's message with the kernel's id where it names the shader: wgpu-native
-    22 drops the module's label, so a chain step's compile error said
-    ``Shader '' parsing error`` and ``┌─ wgsl:4:26`` (issue 26), not which kernel."""
-    return message.replace("Shader ''", f"Shader '{kernel_id}'").replace("┌─ wgsl:", f"┌─ {kernel_id}:").replace("┌─ :", f"┌─ {kernel_id}:")
 
 
 def _compile(device: wgpu.GPUDevice, kernel_id: str, text: str, entry: str, layout: SessionLayout, has_params: bool,
