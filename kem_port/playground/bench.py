@@ -33,7 +33,8 @@ SHOWN_BYTES = 4096  # of each output, sent to the page as hex; the rest is count
 MAX_CHECK_INPUT = 1 << 30  # bytes: check only sizes a dispatch, nothing is allocated
 # How long a request waits for the device while another holds it. A Run is
 # bounded by its gas, not by time: a looping kernel over 2^18 invocations
-# ran 24.5 s on lavapipe (KEM_GAS_LIMIT 2^34), and the editor's check
+# ran 24.5 s on lavapipe (KEM_GAS_LIMIT 2^34; ~8 s under KEM_GAS_TURNS'
+# 60,000 turns a lane), and the editor's check
 # waited 23 s behind it (red team, tests/test_red_team_faces.py). A quick
 # Run ends well within this; past it the request is answered `overloaded`
 # (503) and the page's next check or Run asks again.
