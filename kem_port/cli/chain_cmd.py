@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
             raise CliError(f"{NOT_STARTED}: {exc}") from None
         finally:
             port.close()
-    _write(args, result if isinstance(result, dict) else {"output": result})
+    output.write_buffers(args.out_dir, args.output, result if isinstance(result, dict) else {"output": result})
     return 0
 
 
@@ -87,20 +86,3 @@ def _worded(exc) -> str:
     """``step N: reason: detail`` for a step, ``reason: detail`` otherwise."""
     where = f"step {exc.step}: " if exc.step is not None else ""
     return f"{where}{exc.reason}: {one_line(exc.detail)}"
-
-
-def _write(args: argparse.Namespace, results: dict[str, bytes]) -> None:
-    if args.out_dir is not None:
-        folder = Path(args.out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, data in results.items():
-            output.write_output(data, str(folder / f"{name}.bin"), False)
-        return
-    if len(results) == 1 and (args.output is not None or not sys.stdout.isatty()):
-        output.write_output(next(iter(results.values())), args.output, False)
-        return
-    if not sys.stdout.isatty():
-        raise CliError(f"{len(results)} buffers came back ({', '.join(results)}): use --out-dir DIR")
-    for name, data in results.items():
-        sys.stdout.write(f"{name}: {len(data)} bytes\n")
-        output.write_output(data, None, False)

@@ -61,3 +61,23 @@ def write_output(data: bytes, path: str | None, is_png: bool) -> str:
         written = os.write(fd, view)
         view = view[written:]
     return "stdout"
+
+
+def write_buffers(out_dir: str | None, output: str | None, results: dict[str, bytes]) -> None:
+    """Named buffers that came back (kem run by names, kem chain): each to
+    DIR/NAME.bin, one alone to -o or a pipe, several on a terminal as a
+    hex dump each; several into one pipe is refused (which one?)."""
+    if out_dir is not None:
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in results.items():
+            write_output(data, str(folder / f"{name}.bin"), False)
+        return
+    if len(results) == 1 and (output is not None or not sys.stdout.isatty()):
+        write_output(next(iter(results.values())), output, False)
+        return
+    if not sys.stdout.isatty():
+        raise CliError(f"{len(results)} buffers came back ({', '.join(results)}): use --out-dir DIR")
+    for name, data in results.items():
+        sys.stdout.write(f"{name}: {len(data)} bytes\n")
+        write_output(data, None, False)

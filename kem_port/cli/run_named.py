@@ -10,7 +10,6 @@ to ``-o FILE`` when there is one, else as hex dumps on a terminal.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +59,7 @@ def handle(args: argparse.Namespace, console: Console) -> int:
                         constants=dict(args.constant) if args.constant else None, entry_point=args.entry_point)
     except KemError as exc:
         raise CliError.of(exc) from None
-    _write(args, {name: array.tobytes() for name, array in got.items()})
+    output.write_buffers(args.out_dir, args.output, {name: array.tobytes() for name, array in got.items()})
     return 0
 
 
@@ -79,20 +78,3 @@ def _bytes(kind: str, rest: str, rng: np.random.Generator, limit: int) -> bytes:
         except OSError as exc:
             raise CliError(f"cannot read {rest}: {exc.strerror}") from None
     return data
-
-
-def _write(args: argparse.Namespace, results: dict[str, bytes]) -> None:
-    if args.out_dir is not None:
-        folder = Path(args.out_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, data in results.items():
-            output.write_output(data, str(folder / f"{name}.bin"), False)
-        return
-    if len(results) == 1 and (args.output is not None or not sys.stdout.isatty()):
-        output.write_output(next(iter(results.values())), args.output, False)
-        return
-    if not sys.stdout.isatty():
-        raise CliError(f"{len(results)} buffers came back ({', '.join(results)}): use --out-dir DIR")
-    for name, data in results.items():
-        sys.stdout.write(f"{name}: {len(data)} bytes\n")
-        output.write_output(data, None, False)

@@ -17,7 +17,7 @@
 %%% value outside its type).
 -module(dev_kem_opts).
 
--export([dispatch/3, triple/3, bound/3]).
+-export([dispatch/3, triple/3, bound/3, trim/1]).
 
 %% 20 digits hold any 64-bit integer; longer text is not parsed
 %% (binary_to_integer/1 of a megabyte of digits is seconds of CPU).
@@ -185,7 +185,9 @@ float_text(Text) ->
         _ -> error
     end.
 
-%% ASCII blanks only (string:trim/1 raises on bytes that are not UTF-8).
+%% @doc ASCII blanks off both ends (string:trim/1 raises on bytes that
+%% are not UTF-8); dev_kem_run reads its digits with it too.
+-spec trim(binary()) -> binary().
 trim(<<C, Rest/binary>>) when C =:= $\s; C =:= $\t -> trim(Rest);
 trim(Bin) ->
     case Bin of

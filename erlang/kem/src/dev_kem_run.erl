@@ -214,19 +214,11 @@ dispatch(Given, Opts) ->
     end.
 
 decimal(Bin) ->
-    Digits = trim(Bin),
+    Digits = dev_kem_opts:trim(Bin),
     case byte_size(Digits) =< ?MAX_DIGITS andalso Digits =/= <<>>
          andalso lists:all(fun(C) -> C >= $0 andalso C =< $9 end, binary_to_list(Digits)) of
         true -> {ok, binary_to_integer(Digits)};
         false -> error
-    end.
-
-%% ASCII blanks only (string:trim/1 raises on bytes that are not UTF-8).
-trim(<<C, Rest/binary>>) when C =:= $\s; C =:= $\t -> trim(Rest);
-trim(Bin) ->
-    case Bin of
-        <<Head:(byte_size(Bin) - 1)/binary, C>> when C =:= $\s; C =:= $\t -> trim(Head);
-        _ -> Bin
     end.
 
 %% Before anything is framed or allocated, with request/2's budget
