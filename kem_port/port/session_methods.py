@@ -109,11 +109,9 @@ class SessionMethods:
     def _steps(self, steps: list) -> tuple[AnyStep, ...]:  # kernels resolved and admitted
         return tuple(self._step(i, s) for i, s in enumerate(steps))
 
-    def _step(self, index: int, s: sp.StepArgs | sp.CopyArgs | sp.ClearArgs) -> AnyStep:
-        if isinstance(s, sp.CopyArgs):
-            return CopyStep(s.src, s.src_offset, s.dst, s.dst_offset, s.size)
-        if isinstance(s, sp.ClearArgs):
-            return ClearStep(s.buffer, s.offset, s.size)
+    def _step(self, index: int, s: sp.StepArgs | CopyStep | ClearStep) -> AnyStep:
+        if isinstance(s, (CopyStep, ClearStep)):  # read once by the wire, run as read
+            return s
         return Step(self._source(index, s.kernel_id, s.entry_point, s.constants), s.params, s.workgroups, s.entry_point,
                     s.bind, s.input, s.output, s.output_size, s.grid, s.constants, s.buffers, s.outputs)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
-from kem_port.gpu.session.chain_steps import StepError
+from kem_port.gpu.session.chain_steps import ClearStep, CopyStep, StepError
 from kem_port.gpu.session.sessions import check_name
 from kem_port.wire import protocol
 from kem_port.wire.protocol import (
@@ -52,26 +52,6 @@ class StepArgs:
     constants: tuple[tuple[str, int | float], ...] | None = None  # pipeline constants (gpu/constants.py)
     buffers: dict[str, bytes] = field(default_factory=dict)  # the step's own bytes, by WGSL name
     outputs: dict[str, int] = field(default_factory=dict)  # new buffers by name: their sizes
-
-
-@dataclass(frozen=True)
-class CopyArgs:
-    """``#{copy => {Src, SrcOffset, Dst, DstOffset, Size}}``."""
-
-    src: str
-    src_offset: int
-    dst: str
-    dst_offset: int
-    size: int
-
-
-@dataclass(frozen=True)
-class ClearArgs:
-    """``#{clear => {Buffer, Offset, Size}}``."""
-
-    buffer: str
-    offset: int
-    size: int
 
 
 def session_ref(value: Any) -> tuple[int, int]:
@@ -131,7 +111,7 @@ def bind_map(value: Any) -> dict[str, str]:
     return {name(k, "bind key"): name(v, "bind value") for k, v in value.items()}
 
 
-def step_args(value: Any, config: Config) -> StepArgs | CopyArgs | ClearArgs:
+def step_args(value: Any, config: Config) -> StepArgs | CopyStep | ClearStep:
     opts = options(value, STEP_KEYS + ("copy", "clear"), "step")
     for kind in ("copy", "clear"):
         if kind in opts:
@@ -143,19 +123,19 @@ def step_args(value: Any, config: Config) -> StepArgs | CopyArgs | ClearArgs:
     return _step(opts, config)
 
 
-def _copy(value: Any, config: Config) -> CopyArgs:
+def _copy(value: Any, config: Config) -> CopyStep:
     if not (isinstance(value, tuple) and len(value) == 5):
         raise bad_args("copy is {Src, SrcOffset, Dst, DstOffset, Size}: names and byte counts")
     src, src_offset, dst, dst_offset, count = value
-    return CopyArgs(name(src), size(src_offset, "copy source offset", config), name(dst),
+    return CopyStep(name(src), size(src_offset, "copy source offset", config), name(dst),
                     size(dst_offset, "copy destination offset", config), size(count, "copy size", config))
 
 
-def _clear(value: Any, config: Config) -> ClearArgs:
+def _clear(value: Any, config: Config) -> ClearStep:
     if not (isinstance(value, tuple) and len(value) == 3):
         raise bad_args("clear is {Buffer, Offset, Size}: a name and byte counts")
     buffer, offset, count = value
-    return ClearArgs(name(buffer), size(offset, "clear offset", config), size(count, "clear size", config))
+    return ClearStep(name(buffer), size(offset, "clear offset", config), size(count, "clear size", config))
 
 
 def _named_map(value: Any, what: str, read) -> dict:
@@ -223,7 +203,7 @@ def _step(opts: dict[str, Any], config: Config) -> StepArgs:
     )
 
 
-def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyArgs | ClearArgs]:
+def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyStep | ClearStep]:
     if not isinstance(value, list) or not value:
         raise bad_args("Steps must be a non-empty list of maps")
     if len(value) > MAX_STEPS:
