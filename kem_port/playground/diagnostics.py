@@ -1,8 +1,8 @@
 """A check's error text as diagnostics the editor can place: line, column
 and one message each.
 
-naga's report names where it failed as ``wgsl:LINE:COL`` under a line such
-as ``Shader '' parsing error: ...``; kem's own refusals (the contract, the
+naga's report names where it failed as ``┌─ playground:LINE:COL`` under a line such
+as ``Shader 'playground' parsing error: ...``; kem's own refusals (the contract, the
 canonical lexer: "LINE:COLUMN: U+XXXX: why") either carry a place or are
 about the whole kernel (line 0: shown above the editor, not on a line).
 Canonical text keeps every line and column (gpu/wgsl/wgsl_canonical.py),
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import re
 
-NAGA_PLACE = re.compile(r"wgsl:(\d+):(\d+)")
+# The excerpt's "┌─ LABEL:L:C": the label is the kernel's id since every
+# compile names its module (the playground's is "playground"), "wgsl" or
+# empty before; a plain "wgsl:L:C" elsewhere in older reports.
+NAGA_PLACE = re.compile(r"┌─\s*[^\s:]*:(\d+):(\d+)|wgsl:(\d+):(\d+)")
 LEXER_PLACE = re.compile(r"(?:^|: )(\d+):(\d+): (.*)")
 MAX_MESSAGE = 300  # characters: the page shows one line a diagnostic
 
@@ -52,9 +55,9 @@ def diagnostics(reason: str, detail: str) -> list[dict]:
     detail = page_words(detail)
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
     message = _headline(lines) or reason
-    places = NAGA_PLACE.findall(detail)
-    if places:
-        line, col = places[0]
+    place = NAGA_PLACE.search(detail)
+    if place:
+        line, col = place.group(1, 2) if place.group(1) else place.group(3, 4)
         return [{"line": int(line), "col": int(col), "message": _short(f"{reason}: {message}")}]
     lexed = LEXER_PLACE.search(lines[0]) if lines else None
     if lexed:
@@ -69,7 +72,7 @@ def _headline(lines: list[str]) -> str:
         return lines[0] if lines else ""
     named = [line for line in lines[1:] if "error" in line.lower() and not line.startswith("In ")]
     text = named[0] if named else lines[-1]
-    return text.replace("Shader '' ", "")
+    return re.sub(r"Shader '[^']*' ", "", text)
 
 
 def _short(text: str) -> str:
