@@ -23,6 +23,10 @@ import pytest
 
 from conftest import start_port
 from gas_helpers import run
+import time
+
+from kem_port.admission.limits import check_structure
+from kem_port.admission.zeroing import zero_workgroup_memory
 from kem_port.client import PortError, plain
 from kem_port.config import Config
 from kem_port.errors import KemError
@@ -32,6 +36,7 @@ from kem_port.gpu.executor import Executor
 from kem_port.kernel_store import default_stores, source_from_bytes
 from kem_port.stats import Stats
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
+from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_vars
 
 HEAD = """
 @group(0) @binding(0) var<storage, read> inp: array<u32>;
@@ -175,6 +180,8 @@ def port(tmp_path_factory):
     kernels = tmp_path_factory.mktemp("wave3")
     for name, shape in SHAPES.items():
         (kernels / f"{name}.wgsl").write_text("override N: u32 = 4;\n" + shape + BODY)
+    (kernels / "unfinished.wgsl").write_text("override N: u32 = 1;\n" + HEAD + ENTRY + " out[g.x] = inp[g.x]; }\n"
+                                             + "var<workgroup>a:\n" * 20_000)
     for name, decl in CONST_WG.items():
         (kernels / f"{name}.wgsl").write_text(decl + "\n" + LOOP_900)
     for name, default in WG_DEFAULTS.items():
@@ -275,3 +282,32 @@ def test_gas_counts_every_invocation_of_a_const_sized_workgroup(port, kernel):
         acc = (acc * 31 + k) & 0xFFFFFFFF
     out = port.call("execute", kernel.encode(), bytes(4), {"output_size": 1000 * 4})  # ceil(1000 / 64) workgroups
     assert np.frombuffer(out, np.uint32).tolist() == [acc] * 1000
+
+
+# Declarations never finished by a ';': each one read by a regex rescanned
+# the rest of the kernel (quadratic: 20,000 lines, 340 KB, took 40 s in
+# wgsl_workgroup and 42 s in zeroing, each; the port runs both on a new kernel).
+UNFINISHED = ["var<workgroup>a:", "const a=", "alias a=", "const a:", "override b:"]
+
+
+@pytest.mark.parametrize("unit", UNFINISHED)
+def test_declaration_readers_take_linear_time_on_unfinished_declarations(unit):
+    text = "override N: u32 = 1;\n@compute @workgroup_size(1) fn main() { }\n" + (unit + "\n") * 20_000
+    started = time.perf_counter()
+    workgroup_vars(text)
+    reflect(text)
+    try:
+        check_structure(text)  # passes: 340 KB, under the node limit
+        zero_workgroup_memory(text)
+    except KemError:
+        pass
+    assert time.perf_counter() - started < 5.0  # ~0.3 s; before, 40-80 s
+
+
+def test_a_kernel_of_unfinished_workgroup_declarations_is_refused_promptly_by_the_port(port, tmp_path):
+    started = time.perf_counter()
+    with pytest.raises(PortError) as err:
+        port.call("execute", b"unfinished", bytes(16), {})
+    assert err.value.reason in ("bad_kernel", "kernel_rejected", "shader_error"), err.value
+    assert time.perf_counter() - started < 15.0  # before: ~80 s (reflect, then zeroing)
+    assert port.call("execute", b"wg_literal", bytes(4), {"output_size": 256, "workgroups": (1, 1, 1)})  # the port goes on

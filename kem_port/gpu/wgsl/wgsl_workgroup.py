@@ -11,12 +11,9 @@ from __future__ import annotations
 import re
 
 from kem_port.errors import KemError
-from kem_port.gpu.wgsl.wgsl_canonical import canonical
+from kem_port.gpu.wgsl.wgsl_canonical import canonical, tokens
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_WORKGROUP_VAR = re.compile(rf"\bvar\s*<\s*workgroup\s*>\s*({_IDENT})\s*:\s*([^;]+);")
-_ALIAS = re.compile(rf"\balias\s+({_IDENT})\s*=\s*([^;]+);")
-_INIT = re.compile(rf"\b(const|override)\s+({_IDENT})\s*(?::[^=;]*)?=\s*([^;]+);")
 _NAME = re.compile(_IDENT)
 _STRUCT = re.compile(rf"\bstruct\s+({_IDENT})\s*\{{([^{{}}]*)\}}")
 _ELEMENT = re.compile(r"array\s*<(.*)>", re.S)
@@ -43,21 +40,55 @@ def workgroup_vars(source: str) -> tuple[tuple[tuple[str, str], ...], tuple[tupl
     with the call's values."""
     try:
         code = canonical(source)
+        found_decls = _declarations(code)
     except KemError:
         return (), ()
-    aliases = {m.group(1): " ".join(m.group(2).split()) for m in _ALIAS.finditer(code)}
-    consts: dict[str, str] = {}
-    overrides: dict[str, str] = {}
-    for m in _INIT.finditer(code):  # the first of a name: module scope comes before functions that shadow it
-        (consts if m.group(1) == "const" else overrides).setdefault(m.group(2), " ".join(m.group(3).split()))
-    elements = _Elements(aliases, {m.group(1): _members(m.group(2)) for m in _STRUCT.finditer(code)})
+    elements = _Elements(found_decls["alias"], {m.group(1): _members(m.group(2)) for m in _STRUCT.finditer(code)})
     found, replaced, budget = [], {}, [MAX_REPLACED_CHARS]
-    for m in _WORKGROUP_VAR.finditer(code):
-        text = elements.type_text(" ".join(m.group(2).split()))
+    for name, type_text in found_decls["workgroup"].items():
+        text = elements.type_text(type_text)
         if text not in replaced:
-            replaced[text] = _replace_consts(text, consts, budget)
-        found.append((m.group(1), replaced[text]))
-    return tuple(found), tuple(overrides.items())
+            replaced[text] = _replace_consts(text, found_decls["const"], budget)
+        found.append((name, replaced[text]))
+    return tuple(found), tuple(found_decls["override"].items())
+
+
+def _declarations(code: str) -> dict[str, dict[str, str]]:
+    """In one pass over the tokens, each statement read once: every
+    ``var<workgroup> NAME: TYPE`` (TYPE), ``alias NAME = TYPE``, ``const``
+    and ``override`` ``NAME [: T] = INIT`` (INIT; the first of a name:
+    module scope comes before functions that shadow it), texts with blanks
+    made single spaces. Regexes over the text did this before, and each
+    declaration without its ';' rescanned the rest of the kernel: 20,000
+    lines of ``var<workgroup>a:`` (340 KB) took 40 s (red team of wave 3)."""
+    toks = list(tokens(code))
+    values = [value for _, value, _ in toks]
+    found: dict[str, dict[str, str]] = {"workgroup": {}, "alias": {}, "const": {}, "override": {}}
+    i, n = 0, len(values)
+    while i < n:
+        value, start, kind = values[i], i + 2, ""
+        if value == "var" and values[i + 1 : i + 4] == ["<", "workgroup", ">"]:
+            kind, start = "workgroup", i + 4
+        elif value in ("alias", "const", "override"):
+            kind, start = value, i + 1
+        if not kind:
+            i += 1
+            continue
+        end = start
+        while end < n and values[end] != ";":
+            end += 1
+        i = end + 1  # the statement is read once, whatever it holds
+        body = values[start:end]
+        if len(body) < 3 or not (body[0][0].isalpha() or body[0][0] == "_"):
+            continue
+        split = ":" if kind == "workgroup" else "="
+        if body[1] != split and not (kind in ("const", "override") and body[1] == ":" and "=" in body):
+            continue
+        at = start + body.index(split) + 1
+        if at < end:
+            text = " ".join(code[toks[at][2] : toks[end - 1][2] + len(values[end - 1])].split())
+            found[kind].setdefault(body[0], text)
+    return found
 
 
 def _replace_consts(text: str, consts: dict[str, str], budget: list[int]) -> str:
@@ -76,14 +107,9 @@ def module_consts(source: str) -> tuple[tuple[str, str], ...]:
     name: module scope comes before functions that shadow it); () for text
     the lexer refuses."""
     try:
-        code = canonical(source)
+        return tuple(_declarations(canonical(source))["const"].items())
     except KemError:
         return ()
-    consts: dict[str, str] = {}
-    for m in _INIT.finditer(code):
-        if m.group(1) == "const":
-            consts.setdefault(m.group(2), " ".join(m.group(3).split()))
-    return tuple(consts.items())
 
 
 def _followed(text: str, aliases: dict[str, str]) -> str:
