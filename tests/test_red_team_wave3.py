@@ -321,3 +321,18 @@ def test_the_clearing_reads_types_in_linear_time(unit):
     started = time.perf_counter()
     assert "{ w = u32(); }" in zero_workgroup_memory(text)  # still cleared
     assert time.perf_counter() - started < 5.0  # ~0.1 s
+
+
+def test_many_variables_of_a_large_struct_are_counted_in_bounded_time():
+    """A struct whose count is ~3.6 KB of text, 6,000 distinct variables of
+    it (0*k+1 of them each): counts parsed once per text, not per variable
+    (uncached, 2,000 variables took 5.7 s of admission)."""
+    members = ", ".join(f"m{i}: array<u32, 1>" for i in range(450))
+    text = (f"struct S {{ {members} }}\n" + "".join(f"var<workgroup> v{k}: array<S, 0*{k}+1>;\n" for k in range(6000))
+            + "@compute @workgroup_size(1) fn main() { }\n")
+    started = time.perf_counter()
+    check_structure(text)  # 450 elements each: within
+    assert time.perf_counter() - started < 3.0  # ~0.4 s
+    with pytest.raises(KemError) as err:
+        check_structure(text.replace("0*5999+1", "146"))  # 146 x 450 = 65,700
+    assert "var<workgroup> v5999 holds 65700 elements" in err.value.detail
