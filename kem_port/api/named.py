@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from kem_port.api.values import input_bytes
+from kem_port.api.values import from_gpu, input_bytes
 from kem_port.errors import bad_args
 from kem_port.wire import terms
 from kem_port.wire.run_requests import read_run
@@ -75,10 +75,10 @@ def _spec(name: str, buffers: Mapping, outputs: Mapping) -> Any:
 
 def _shaped(data: bytes, spec: Any) -> np.ndarray:
     if isinstance(spec, np.ndarray):
-        return np.frombuffer(data, spec.dtype).reshape(spec.shape).copy()
+        return from_gpu(data, spec.dtype).reshape(spec.shape).copy()
     if isinstance(spec, tuple):
         shape, dtype = spec
-        return np.frombuffer(data, np.dtype(dtype)).reshape(shape).copy()
+        return from_gpu(data, dtype).reshape(shape).copy()
     if spec is not None and not isinstance(spec, (int, bytes, bytearray, memoryview)):
         raise bad_args(f"cannot shape a returned buffer by {type(spec).__name__}")
     return np.frombuffer(data, np.uint8).copy()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kem_port.api.values import Input, array_of, input_bytes, params_bytes, shape_output
+from kem_port.api.values import Input, array_of, gpu_order, input_bytes, params_bytes, shape_output
 from kem_port.client import PortClient, PortSession, plain
 from kem_port.errors import bad_args
 from kem_port.wire import terms
@@ -94,6 +94,7 @@ class Session:
         self.port = port or local_port()
         self._session: PortSession = self.port.client.session_open(quota)
         self._kinds: dict[str, Kind] = {}
+        self._closed = False
 
     def put(self, name: str, value: Input) -> None:
         """A new buffer holding an array's (or bytes') contents; reads give
@@ -151,8 +152,11 @@ class Session:
         return _chain(self._session.chain, steps, input, returns, dtype, self._kinds)
 
     def close(self) -> None:
-        """Close the session; its buffers go back to the port's pool."""
-        self._session.close()
+        """Close the session; its buffers go back to the port's pool. A
+        second close does nothing, as a file's (a `with` block may close it)."""
+        if not self._closed:
+            self._closed = True
+            self._session.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -219,7 +223,7 @@ def _kind_of(value: Input) -> Kind:
 def _plain_value(value: Any) -> Any:
     """Arrays become their bytes, at any depth; everything else as given."""
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value).tobytes()
+        return gpu_order(value).tobytes()
     if isinstance(value, Mapping):
         return {k: _plain_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

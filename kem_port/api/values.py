@@ -24,9 +24,42 @@ def file_kernel_id(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:128] or "kernel"
 
 
+def gpu_order(array: np.ndarray) -> np.ndarray:
+    """The array as kem uploads it: C-contiguous and little-endian (the
+    GPU's order: a big-endian array's bytes read as its values would be
+    silently wrong); an array of Python objects has no bytes to upload
+    (its bytes are this process's heap pointers), so it is bad_args."""
+    if array.dtype.hasobject:
+        raise bad_args("an array of Python objects has no bytes to upload: give numbers (or bytes)")
+    if array.dtype.fields is None and array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+def asked_dtype(dtype: Any) -> np.dtype:
+    """A dtype the caller asked the output in; bad_args for what is not one
+    or holds objects."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise bad_args(f"dtype {str(dtype)[:40]!r} is not a numpy dtype") from None
+    if dt.hasobject:
+        raise bad_args("an output cannot be read as Python objects: ask for a numeric dtype")
+    return dt
+
+
+def from_gpu(data: bytes, dtype: Any) -> np.ndarray:
+    """Little-endian bytes from the GPU as an array of `dtype`, by value
+    (a big-endian dtype gets its values, swapped into its order)."""
+    dt = asked_dtype(dtype)
+    if dt.fields is None and dt.byteorder == ">":
+        return np.frombuffer(data, dt.newbyteorder("<")).astype(dt)
+    return np.frombuffer(data, dt)
+
+
 def input_bytes(value: Input) -> bytes:
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value).tobytes()
+        return gpu_order(value).tobytes()
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     raise bad_args(f"input must be bytes or a numpy array, not {type(value).__name__}")
@@ -37,7 +70,7 @@ def params_bytes(value: Params) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value).tobytes()
+        return gpu_order(value).tobytes()
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     words = list(value)
@@ -55,12 +88,15 @@ def shape_output(out: bytes, input: Input, dtype: Any = None, out_shape: Sequenc
         dtype = input.dtype
     if dtype is None and out_shape is None:
         return out
-    dt = np.dtype(np.uint8 if dtype is None else dtype)
+    dt = asked_dtype(np.uint8 if dtype is None else dtype)
     if len(out) % dt.itemsize:
         raise bad_args(f"output of {len(out)} bytes is not a whole number of {dt} items; pass dtype=np.uint8 or bytes")
-    array = np.frombuffer(out, dtype=dt)
+    array = from_gpu(out, dt)
     if out_shape is not None:
-        shape = tuple(operator.index(d) for d in out_shape)
+        try:
+            shape = tuple(operator.index(d) for d in out_shape)
+        except TypeError:
+            raise bad_args(f"out_shape must be a sequence of integers, not {str(out_shape)[:40]!r}") from None
         if int(np.prod(shape, dtype=np.int64)) != array.size:
             raise bad_args(f"out_shape {shape} holds {int(np.prod(shape, dtype=np.int64))} items; the output has {array.size} of {dt}")
         return array.reshape(shape)
