@@ -154,3 +154,16 @@ def test_the_turns_ceiling_ends_a_runaway_that_the_default_limit_would_not(tmp_p
             assert caught.value.reason == "gas_exhausted"
             assert caught.value.detail.startswith(f"gas used {64 + 64 * 65001} ")  # each invocation: 65,000 turns and the tick that broke
         assert port.call("execute", b"looping", data.tobytes(), {"output_size": 256}) == expected(data)
+
+
+def test_a_workgroup_size_kem_cannot_read_is_refused_not_counted_as_one(tmp_path):
+    """`@workgroup_size(select(1u, 64u, true))` is 64 to naga and unreadable to
+    kem: counted as 1 invocation a workgroup it let gas_limit 1,000 hold
+    57,664 (red team of wave 3, F1); refused now, naming what to write."""
+    (tmp_path / "sel.wgsl").write_text(LOOPING.decode().replace("@workgroup_size(64)", "@workgroup_size(select(1u, 64u, true))"))
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as port:
+        for options in ({"output_size": 256, "workgroups": (1, 1, 1)}, {"output_size": 256, "workgroups": (1, 1, 1), "gas_limit": 1000}):
+            with pytest.raises(PortError) as caught:
+                port.call("execute", b"sel", bytes(256), options)
+            assert caught.value.reason == "bad_kernel" and "@workgroup_size" in caught.value.detail
+        assert port.call("execute_kernel", b"double", bytes([1, 3, 5, 7]), 1) == bytes([2, 6, 10, 14])

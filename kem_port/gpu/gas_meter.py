@@ -49,9 +49,14 @@ def layout_entries() -> list[dict]:
 
 
 def invocations(entry: EntryPoint | None, groups: tuple[int, int, int]) -> int:
-    """Invocations a dispatch launches. A workgroup size kem could not read
-    (an expression) counts as 1: the cap then errs generous, never short."""
-    size = entry.workgroup_size if entry is not None and entry.workgroup_size else (1, 1, 1)
+    """Invocations a dispatch launches. A workgroup size kem cannot read
+    (literals, consts and overrides it reads; `select(1u, 64u, true)` it
+    does not) is refused: counted as 1 it let a call pass its own gas limit
+    by up to the workgroup size (1,000 held 57,664: red team of wave 3)."""
+    if entry is not None and not entry.workgroup_size:
+        raise KemError("bad_kernel", f"kem cannot read @workgroup_size of {entry.name}, and gas counts invocations by it: "
+                       "write it with literals, consts or override constants")
+    size = entry.workgroup_size if entry is not None else (1, 1, 1)
     return groups[0] * groups[1] * groups[2] * size[0] * size[1] * size[2]
 
 
