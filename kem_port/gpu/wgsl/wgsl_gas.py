@@ -57,20 +57,15 @@ CAP_BYTES = 16  # vec4<u32>: x is the cap (a uniform binding is 16 bytes at leas
 METER_BYTES = 16  # [low, high, ran out, unused] u32 words
 LOOP_WORDS = frozenset(("loop", "for", "while"))
 BARRIERS = frozenset(("workgroupBarrier", "storageBarrier", "textureBarrier", "workgroupUniformLoad"))
-# Predeclared names the injected declarations use: WGSL lets a module-scope
-# declaration shadow them (naga follows; a kernel's own `fn min` returning
-# 0 once kept a tick's count at 1: 5000 iterations ran past a cap of 100,
-# "not ran out"), so declaring one is refused. The address-space names
-# too: a module const named `uniform` broke kem's own `var<uniform>`.
+# Names the injected declarations use: a module-scope declaration may
+# shadow them (a `fn min` returning 0 once let 5000 turns pass a cap of
+# 100), so declaring one is refused; a const named `uniform` broke ours.
 INJECTED = frozenset(("atomicAdd", "atomicMax", "u32", "vec4", "array", "atomic", "uniform", "storage", "private", "read_write"))
 
-# The ticks go inside the kernel's functions, where its parameters and
-# locals may shadow any predeclared name (a local `min` made naga refuse
-# "local declaration cannot be called", quoting kem's code: red team of
-# wave 3), so they use none: operators, literals, kem_gas_ names only.
+# Ticks sit in the kernel's functions, whose locals may shadow any
+# predeclared name (a local `min` broke the old tick), so they use none.
 # kem_gas_n saturates below 2^32: ticks past the cap (a loop's first tick
-# after an inner one broke, per entry) could otherwise wrap it past 2^32 in
-# a barrier loop's cap iterations and hide that it ran out.
+# after an inner one broke) could wrap it in a barrier loop's cap turns.
 _TICK = "if (kem_gas_n < 4294967295u) { kem_gas_n += 1u; } if (kem_gas_n > kem_gas_cap.x) { break; } "
 _UNIFORM_TICK = "if (kem_gas_n < 4294967295u) { kem_gas_n += 1u; } kem_gas_u += 1u; if (kem_gas_u > kem_gas_cap.x) { break; } "
 _FLUSH = "kem_gas_flush(); "
