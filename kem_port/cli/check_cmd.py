@@ -75,6 +75,7 @@ def build_report(runner, source, args, params: bytes | None, console: Console) -
             source, bytes(args.input_size), output_size=args.output_size, hint=args.hint, params=given,
             workgroups=args.workgroups, entry_point=args.entry_point,
             grid=args.grid, constants=dict(args.constant) if args.constant else None,
+            debug=getattr(args, "debug", False),  # the playground checks as its Run calls: a debug channel is bound
         )
         report["output_size"] = call.output_size
         common.open_device(runner, console)

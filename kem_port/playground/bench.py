@@ -71,7 +71,8 @@ class Bench:
             try:
                 source = self._source(text)
                 params = payload.params_bytes(shape.params, image)
-                args = SimpleNamespace(input_size=size, **dataclasses.asdict(shape))
+                # debug: a kernel with the debug channel (@binding(15)) is a kem@1.0 kernel here, as Run calls it
+                args = SimpleNamespace(input_size=size, debug=True, **dataclasses.asdict(shape))
                 report = build_report(self.runner, source, args, params, Console(quiet=True))
             except KemError as exc:
                 return {"ok": False, "diagnostics": diagnostics(exc.reason, exc.detail), "report": None}
