@@ -112,9 +112,15 @@ def test_plain_call_options_by_named_buffers_are_refused_not_ignored(tmp_path, e
 def test_cli_words_maps_each_erlang_phrase():
     """The mapping itself, on the port's phrasings that have no easy road
     from the command (an unknown option key arrives as an atom)."""
-    from kem_port.cli.console import cli_words
+    import erlang
 
-    assert cli_words("unknown option OtpErlangAtom(b'outptu'); known: x") == "unknown option 'outptu'; known: x"
+    from kem_port.cli.console import cli_words
+    from kem_port.errors import KemError
+    from kem_port.wire import protocol
+
+    with pytest.raises(KemError) as unknown:  # the port's own detail for an atom key (wire/terms.shown)
+        protocol.options({erlang.OtpErlangAtom(b"outptu"): 1}, ("x",), "Opts", "option")
+    assert cli_words(unknown.value.detail) == "unknown option 'outptu'; known: x"
     assert cli_words("give grid (invocations) or workgroups, not both") == "give --grid (invocations) or --workgroups, not both"
     assert cli_words("give output_size or output_size_hint, not both") == "give --output-size or --hint, not both"
     assert cli_words("pass constants => #{n => Value}") == "pass --constant n=VALUE"

@@ -41,7 +41,6 @@ def one_line(detail: str) -> str:
 # the command's user typed flags, so each phrase becomes the flag that sets
 # it. Most specific first: "grid => {X, Y, Z}" before the bare "{X, Y, Z}".
 _FLAGS: tuple[tuple[str, str], ...] = (
-    (r"OtpErlang(?:Atom|Binary)\(b?(['\"])(.*?)\1(?:,\s*bits=\d+)?\)", r"'\2'"),
     (r"\bcall with debug => true", "run with --debug"),
     (r"\bdebug => true", "--debug"),
     (r"\bgrid => \{X, ?Y, ?Z\}", "--grid X,Y,Z"),

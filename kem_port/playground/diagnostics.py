@@ -22,12 +22,11 @@ MAX_MESSAGE = 300  # characters: the page shows one line a diagnostic
 
 
 # The port's refusals speak Erlang to a node's caller (`debug => true`,
-# `#{c => Bytes}`, `(atom or binary)`) and its decoder names Python types
-# (`OtpErlangBinary(b'x', bits=8)`); the page's author sees its own form:
+# `#{c => Bytes}`, `(atom or binary)`; a caller's own term by its text,
+# wire/terms.shown); the page's author sees its own form:
 # a debug switch, output sizes, constants, plain names (the CLI does the
 # same with its flags, cli/console.cli_words).
 _PAGE_WORDS: tuple[tuple[str, str], ...] = (
-    (r"OtpErlang(?:Atom|Binary)\(b?(['\"])(.*?)\1(?:,\s*bits=\d+)?\)", r"'\2'"),
     (r"<<\"([^\"]*)\">>", r"\1"),
     (r"\bcall with debug => true", "run with Debug on"),
     (r"\bdebug => true", "Debug on"),

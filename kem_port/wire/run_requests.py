@@ -21,7 +21,7 @@ from kem_port.config import Config
 from kem_port.errors import bad_args, too_large
 from kem_port.gpu.named.binding_model import NamedCall
 from kem_port.wire.protocol import MAX_GAS, _binary, _entry_point, _grid, _kernel_id, _positive_int, _workgroups, constants, options
-from kem_port.wire.terms import atom_name, binary_bytes
+from kem_port.wire.terms import atom_name, binary_bytes, shown
 
 MAX_BUFFERS = 64  # far over WebGPU's 8 storage + 12 uniform buffers a stage: a bound before the kernel is read
 RUN_OPTS = ("outputs", "workgroups", "grid", "entry_point", "constants", "gas_limit", "usage")
@@ -85,16 +85,8 @@ def _key(key: Any) -> str:
         raw = binary_bytes(key)
         name = raw.decode("ascii", "replace") if raw is not None else None
     if name is None or not _KEY.fullmatch(name):
-        raise bad_args(f"{_shown(key, name)} is not a buffer name: a WGSL identifier, <<\"G/B\">> or a binding number")
+        raise bad_args(f"{shown(key)} is not a buffer name: a WGSL identifier, <<\"G/B\">> or a binding number")
     return name
-
-
-def _shown(key: Any, name: str | None) -> str:
-    """The key as the caller wrote it, never the decoder's Python types
-    (the detail read "OtpErlangBinary(b'0/4000000000',bits=8)")."""
-    if name is not None:
-        return repr(name[:80])
-    return "an integer" if type(key) is int else f"a {type(key).__name__.removeprefix('OtpErlang').lower() or 'term'}"
 
 
 def _size(value: Any, name: str) -> int:
