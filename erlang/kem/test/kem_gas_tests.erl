@@ -19,21 +19,9 @@ runaway() -> <<"
 }
 ">>.
 
-%% out[i] = the sum of 0..in[i] - 1: in[i] iterations.
-counting() -> <<"
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-">>.
-
 gas_test_() ->
     {setup,
-     fun() -> kem_test_app:start_with_kernels("kem_gas", [{"runaway", runaway()}, {"counting", counting()}],
+     fun() -> kem_test_app:start_with_kernels("kem_gas", [{"runaway", runaway()}, {"counting", kem_test_app:counting_kernel()}],
                                               [{gas_limit, ?NODE_LIMIT}]) end,
      fun kem_test_app:stop_with_kernels/1,
      [{timeout, 60, fun a_runaway_ends_by_budget_and_the_port_stays/0},

@@ -13,18 +13,6 @@
 
 -define(WG, 64).
 
-%% out[i] = the sum of 0..in[i] - 1: in[i] iterations, 0 past the data.
-counting() -> <<"
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-">>.
-
 %% out[i] = 3 * in[i] + 1: no loop, gas = invocations launched.
 affine() -> <<"
 @group(0) @binding(0) var<storage, read> inp: array<u32>;
@@ -39,7 +27,7 @@ gas_usage_test_() ->
     {setup,
      fun() ->
              {ok, _} = application:ensure_all_started(inets),
-             kem_test_app:start_with_kernels("kem_gas_usage", [{"counting", counting()}, {"affine", affine()}], [])
+             kem_test_app:start_with_kernels("kem_gas_usage", [{"counting", kem_test_app:counting_kernel()}, {"affine", affine()}], [])
      end,
      fun kem_test_app:stop_with_kernels/1,
      [{timeout, 60, fun dev_kem_counts_a_looping_kernel_by_hand/0},

@@ -3,7 +3,7 @@
 %%% (for files the Python tests share with these: the Lua example, the
 %%% session kernels).
 -module(kem_test_app).
--export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, wait_for_service/1, repo_root/0]).
+-export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, counting_kernel/0, wait_for_service/1, repo_root/0]).
 
 %% @doc Load kem, set each app env key, start it and what it needs.
 -spec start([{atom(), term()}]) -> [atom()].
@@ -51,6 +51,21 @@ fn main() {
     for (var turn = 0u; turn < 50000u; turn = turn + 1u) {
         atomicAdd(&output_words[0], input_words[0] + 1u);
     }
+}
+">>.
+
+%% @doc out[i] = the sum of 0..in[i] - 1: in[i] loop turns an invocation,
+%% none past the data; the gas tests' kernel whose gas is counted by hand.
+-spec counting_kernel() -> binary().
+counting_kernel() ->
+    <<"
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x >= arrayLength(&out)) { return; }
+  var acc = 0u;
+  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
+  out[g.x] = acc;
 }
 ">>.
 
