@@ -189,8 +189,8 @@ def test_a_member_named_like_a_builtin_is_no_shadow():
 
 
 def test_per_invocation_cap_shares_what_launching_leaves():
-    assert gas_meter.per_invocation_cap(704, 64) == 10
-    assert gas_meter.per_invocation_cap(10**18, 64) == gas_meter.turns_max()
+    assert gas_meter.per_invocation_cap(704, 64, 60_000) == 10
+    assert gas_meter.per_invocation_cap(10**18, 64, 60_000) == 60_000
     with pytest.raises(KemError) as caught:
-        gas_meter.per_invocation_cap(63, 64)
+        gas_meter.per_invocation_cap(63, 64, 60_000)
     assert caught.value.reason == "gas_exhausted"

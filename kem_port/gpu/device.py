@@ -83,6 +83,7 @@ class Device:
         self.dispatch_limits = DispatchLimits()
         self.storage_align = STAGING_ALIGN
         self.uniform_align = STAGING_ALIGN
+        self.gas_turns = gas_meter.TURNS_DEFAULT  # the loop-turn ceiling of this device's calls, set at open
         self.spin_s = 0.0
         self.lone_spin_s = 0.0  # for a call the reader runs alone (gpu_loop.run_inline)
         self._hot: hot_path.HotPath | None = None  # the batch's native calls, built on first use
@@ -91,7 +92,7 @@ class Device:
     def open(self) -> None:
         started = time.perf_counter()
         self.adapter = choose_adapter(self.config.adapter)
-        gas_meter.set_turns(self.config.gas_turns, self.adapter.info.get("adapter_type") == "CPU")
+        self.gas_turns = gas_meter.turns_for(self.config.gas_turns, self.adapter.info.get("adapter_type") == "CPU")
         limits = self.adapter.limits
         wanted = {name: limits[name] for name in LIMITS if name in limits}
         features = ["timestamp-query"] if timing.wanted(self.config.gpu_timing, self.adapter) else []

@@ -60,22 +60,23 @@ def invocations(entry: EntryPoint | None, groups: tuple[int, int, int]) -> int:
     return groups[0] * groups[1] * groups[2] * size[0] * size[1] * size[2]
 
 
-def slot_for(limit: int, entry: EntryPoint | None, groups: tuple[int, int, int]) -> GasSlot:
-    """The slot of one call's dispatch; gas_exhausted before launch when
-    the limit does not cover launching (per_invocation_cap)."""
+def slot_for(limit: int, entry: EntryPoint | None, groups: tuple[int, int, int], turns: int) -> GasSlot:
+    """The slot of one call's dispatch on a device whose ceiling is turns;
+    gas_exhausted before launch when the limit does not cover launching
+    (per_invocation_cap)."""
     launched = invocations(entry, groups)
-    return GasSlot(limit, launched, per_invocation_cap(limit, launched))
+    return GasSlot(limit, launched, per_invocation_cap(limit, launched, turns))
 
 
-def launch_slot(call, pipeline, groups: tuple[int, int, int], default_limit: int) -> GasSlot | None:
+def launch_slot(call, pipeline, groups: tuple[int, int, int], default_limit: int, turns: int) -> GasSlot | None:
     """A call's slot when its pipeline is metered (the call's gas_limit, else
     the node's); a loop-free call's own limit is checked against what it
     launches (its whole gas): gas_exhausted before it runs when short."""
     if pipeline.gas_layout is None:
         if call.gas_limit is not None:
-            per_invocation_cap(call.gas_limit, invocations(pipeline.entry, groups))
+            per_invocation_cap(call.gas_limit, invocations(pipeline.entry, groups), turns)
         return None
-    return slot_for(call.gas_limit or default_limit, pipeline.entry, groups)
+    return slot_for(call.gas_limit or default_limit, pipeline.entry, groups, turns)
 
 
 def table_slots(tables: list, max_groups: int) -> list[GasSlot]:
@@ -182,34 +183,28 @@ CAP_MAX = 1 << 30  # kem_gas_u passes the cap by at most one tick per barrier-lo
 # that 2^34 gave 64 invocations ran into the 60 s timeout. lavapipe ends an
 # invocation's loops at 65,535 turns by itself, silently (a wrong answer
 # reported as a success), so on a CPU adapter the ceiling stays under it
-# and such a kernel is gas_exhausted instead.
+# and such a kernel is gas_exhausted instead. Each device keeps its own
+# (Device.gas_turns): a module global set at open let the device opened last
+# set it for all (red team: KEM_GAS_TURNS 1,000 held 60,000 turns).
 TURNS_DEFAULT = 60_000
 CPU_TURNS_MAX = 65_000
-_turns = TURNS_DEFAULT
 
 
-def set_turns(turns: int, cpu_adapter: bool) -> int:
-    """Set the per-invocation ceiling for this process's device (its one
-    device: the port opens one); returns the ceiling in force."""
-    global _turns
-    _turns = max(1, min(turns, CAP_MAX, CPU_TURNS_MAX if cpu_adapter else CAP_MAX))
-    return _turns
+def turns_for(turns: int, cpu_adapter: bool) -> int:
+    """The per-invocation ceiling of a device from its KEM_GAS_TURNS."""
+    return max(1, min(turns, CAP_MAX, CPU_TURNS_MAX if cpu_adapter else CAP_MAX))
 
 
-def turns_max() -> int:
-    return _turns
-
-
-def per_invocation_cap(gas_limit: int, invocations: int) -> int:
+def per_invocation_cap(gas_limit: int, invocations: int, turns: int) -> int:
     """The cap each invocation's loop iterations get from a call's gas
     limit: what is left after launching, shared evenly, at most the
     device's turns ceiling (gas_exhausted before launch when the limit does
     not cover the invocations)."""
     if invocations <= 0:
-        return _turns
+        return turns
     if gas_limit < invocations:
         raise KemError("gas_exhausted", f"gas used 0 of limit {gas_limit}: launching {invocations} invocations needs {invocations}")
-    return min((gas_limit - invocations) // invocations, _turns)
+    return min((gas_limit - invocations) // invocations, turns)
 
 
 def meter_gas(words: tuple[int, int, int, int] | list[int], invocations: int) -> tuple[int, bool]:

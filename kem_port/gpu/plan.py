@@ -65,7 +65,7 @@ def prepare(job: Job, device: Device, pipelines: Pipelines) -> Prepared:
     return Prepared(
         job, pipeline, groups,
         contract.input_binding_size(call), contract.output_binding_size(call), contract.params_binding_size(call),
-        gas=None if pipeline.gas_layout is None and call.gas_limit is None else gas_meter.launch_slot(call, pipeline, groups, device.config.gas_limit),
+        gas=None if pipeline.gas_layout is None and call.gas_limit is None else gas_meter.launch_slot(call, pipeline, groups, device.config.gas_limit, device.gas_turns),
     )
 
 
@@ -94,7 +94,7 @@ class BatchPreparer:
             first = self._seen[key] = prepare(job, self._device, self._pipelines)
             return first
         self.reused += 1
-        gas = None if first.gas is None and call.gas_limit is None else gas_meter.launch_slot(call, first.pipeline, first.groups, self._device.config.gas_limit)
+        gas = None if first.gas is None and call.gas_limit is None else gas_meter.launch_slot(call, first.pipeline, first.groups, self._device.config.gas_limit, self._device.gas_turns)
         return Prepared(job, first.pipeline, first.groups, first.in_size, first.out_size, first.u_size, gas=gas)
 
 

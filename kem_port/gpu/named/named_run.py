@@ -89,9 +89,9 @@ class NamedRuns:
         pipeline, layouts, gas_group = self._pipeline(device, source, call, bound, pipeline_constants(shape, call.constants), limits)
         # A looping kernel's budget, spread over its invocations as on the
         # execute road: gas_exhausted before launch when it cannot cover them.
-        slot = None if gas_group is None else gas_meter.slot_for(call.gas_limit or self.gpu.config.gas_limit, entry, groups)
+        slot = None if gas_group is None else gas_meter.slot_for(call.gas_limit or self.gpu.config.gas_limit, entry, groups, self.gpu.gas_turns)
         if slot is None and call.gas_limit is not None:  # loop-free: its gas is what it launches (as execute's)
-            gas_meter.per_invocation_cap(call.gas_limit, gas_meter.invocations(entry, groups))
+            gas_meter.per_invocation_cap(call.gas_limit, gas_meter.invocations(entry, groups), self.gpu.gas_turns)
         key = (source.sha256, call.entry_point, _set(call))
         result, words = self._dispatch(device, pipeline, layouts, bound, groups, key, gas_group, slot)
         return named_gas.outputs(result, words, slot, gas_meter.invocations(entry, groups))

@@ -52,7 +52,7 @@ class ChainRunner:
     def run(self, chain: Chain) -> ChainResult:
         """Validate every step, then encode, submit and read back once."""
         plan = self.plan(chain)
-        gas = plan_gas(plan, chain.gas_limit, self.gas_limit, self.gpu.storage_align)
+        gas = plan_gas(plan, chain.gas_limit, self.gas_limit, self.gpu.storage_align, self.gpu.gas_turns)
         results, meter = self._execute(plan, gas)
         self.stats.inc("chain_steps", len(plan.steps))
         used = gas.settle(meter)  # gas_exhausted, naming the step, once the chain has landed

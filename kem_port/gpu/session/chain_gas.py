@@ -78,7 +78,7 @@ class ChainGas:
         return total
 
 
-def plan_gas(plan: ChainPlan, limit: int | None, default_limit: int, storage_align: int) -> ChainGas:
+def plan_gas(plan: ChainPlan, limit: int | None, default_limit: int, storage_align: int, turns: int) -> ChainGas:
     """The chain's cap and a meter slot per looping step; gas_exhausted,
     naming the step whose launch passes it, when the limit does not cover
     launching every step. As an execute call's: a loop-free chain is
@@ -91,7 +91,7 @@ def plan_gas(plan: ChainPlan, limit: int | None, default_limit: int, storage_ali
             launched.append((index, count))
             if step.pipeline.gas_group is not None:
                 looping.append((index, count))
-    gas = ChainGas(limit or default_limit, gas_meter.turns_max(), launched)
+    gas = ChainGas(limit or default_limit, turns, launched)
     if not looping and limit is None:
         return gas
     everything = sum(count for _, count in launched)
@@ -99,7 +99,7 @@ def plan_gas(plan: ChainPlan, limit: int | None, default_limit: int, storage_ali
         _refuse_launch(launched, gas.limit, everything)
     looping_invocations = sum(count for _, count in looping)
     if looping_invocations:
-        gas.cap = min((gas.limit - everything) // looping_invocations, gas_meter.turns_max())
+        gas.cap = min((gas.limit - everything) // looping_invocations, turns)
     stride = align(wgsl_gas.METER_BYTES, storage_align)
     gas.meters = {index: k * stride for k, (index, _) in enumerate(looping)}
     gas.meter_bytes = stride * len(looping)

@@ -1,0 +1,60 @@
+"""Red team of the gas tick (061ab6b), the turns ceiling (8e7e67f) and
+refusal text (f36a024), on real wgpu (lavapipe) and the real port."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+from kem_port.client import PortError
+from kem_port.config import Config
+from kem_port.errors import KemError
+from kem_port.gpu.calls import Job, KernelCall
+from kem_port.gpu.executor import Executor
+from kem_port.kernel_store import source_from_bytes
+from kem_port.stats import Stats
+
+# spins until a word no one writes changes: only its budget ends it
+RUNAWAY = b"""
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  var x = 0u;
+  while (inp[0] != 12345u) { x += 1u; }
+  out[g.x] = x;
+}
+"""
+
+
+def _run_one(executor: Executor, call: KernelCall):
+    got: list = []
+    executor.run([Job(call, source_from_bytes(call.kernel_id, RUNAWAY, "test", "local"),
+                      reply=lambda v: got.append(bytes(v)), fail=got.append)])
+    assert len(got) == 1
+    return got[0]
+
+
+def test_each_device_keeps_its_own_turns_ceiling():
+    """Two devices in one process (pytest's, or any embedder's): the
+    ceiling was a module global, so the device opened last set it for
+    both; a device opened with KEM_GAS_TURNS 1,000 let a runaway count
+    60,000 turns an invocation once a default device opened after it."""
+    strict = Executor(Config(gas_turns=1000), Stats())
+    strict.open()
+    Executor(Config(), Stats()).open()
+    got = _run_one(strict, KernelCall("runaway", bytes(256), 256, gas_limit=1 << 40))
+    assert isinstance(got, KemError) and got.reason == "gas_exhausted"
+    assert got.detail.startswith(f"gas used {64 + 64 * 1001} "), got.detail  # 1,000 turns and the tick that broke
+
+
+@pytest.mark.parametrize("key", [10**5000, 10**300, -(2**64)], ids=["5001 digits", "301 digits", "-2^64"])
+def test_a_huge_integer_key_is_refused_short_by_the_decoder(key):
+    """shown() would raise ValueError on an int past 4,300 digits (Python's
+    str limit) and print 300 digits whole; the port's decoder refuses an
+    integer over 8 bytes first, so no refusal text ever carries one."""
+    with start_port() as port:
+        with pytest.raises(PortError) as caught:
+            port.call("execute", b"double", b"abcd", {key: 1})
+        assert caught.value.reason == "too_large" and len(caught.value.detail) < 100
+        assert port.call("execute", b"double", bytes([1, 0, 0, 0]), {}) == bytes([2, 0, 0, 0])
