@@ -58,3 +58,37 @@ def test_a_huge_integer_key_is_refused_short_by_the_decoder(key):
             port.call("execute", b"double", b"abcd", {key: 1})
         assert caught.value.reason == "too_large" and len(caught.value.detail) < 100
         assert port.call("execute", b"double", bytes([1, 0, 0, 0]), {}) == bytes([2, 0, 0, 0])
+
+
+HEAD = """
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+"""
+ENTRY = "@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {"
+# diagnostic rule names are any name tokens, keywords included: naga takes
+# these (a warning: unknown rule), so each is a valid kernel.
+DIAGNOSTIC_LOOPS = {
+    "attribute a.loop, no loop": ("", "@diagnostic(off, a.loop) fn h(v: u32) -> u32 { return v + 1u; }\n",
+                                  "out[g.x] = h(inp[g.x]);", 0, 64),
+    "attribute loop.for, a loop": ("", "@diagnostic(off, loop.for) fn h(v: u32) -> u32 { return v + 1u; }\n",
+                                   "var acc = 0u; for (var k = 0u; k < 3u; k++) { acc += h(inp[g.x]); } out[g.x] = acc;", 1, 64 * 4),
+    "directive a.while, a loop": ("diagnostic(off, a.while);\n", "struct S { v: u32 }\n",
+                                  "var acc = S(0u); var k = 0u; while (k < 5u) { k++; acc.v += inp[g.x] + 1u; } out[g.x] = acc.v;", 1, 64 * 6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSTIC_LOOPS))
+def test_a_loop_word_in_a_diagnostic_rule_is_not_a_loop(name, rng):
+    """`@diagnostic(off, a.loop)` took `loop` for a loop statement: its tick
+    went into the next '{' (a function's or a struct's body) and naga refused
+    a valid kernel quoting kem's tick. A loop statement is never inside
+    parentheses: only the loops there are ticked, and counted right."""
+    from gas_helpers import run
+
+    directive, decls, code, loops, gas = DIAGNOSTIC_LOOPS[name]
+    data = rng.integers(0, 1000, 64, dtype=np.uint32)
+    out, (used, ran_out), form = run(directive + HEAD + decls + ENTRY + " " + code + " }", data, 64, 1, 100)
+    assert (form.loops, form.metered) == (loops, loops > 0)
+    want = {0: data + 1, 1: (data + 1) * (3 if "for" in name else 5)}[loops]
+    assert np.array_equal(out, want.astype(np.uint32)), out[:4]
+    assert (used, ran_out) == (gas, False)  # loop-free: the 64 invocations launched

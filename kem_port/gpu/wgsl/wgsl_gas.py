@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_canonical import names_declared_in, position, tokens
@@ -130,7 +131,10 @@ def _gas_form(text: str, group: int | None) -> GasForm:
     toks = list(tokens(text))
     values = [value for _, value, _ in toks]
     _check_names(text, toks, values, False, group)  # every kernel: only a gas form has kem's names
-    loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS]
+    # A loop statement is never inside parentheses; a loop word there is a
+    # diagnostic rule's name (`@diagnostic(off, a.loop)`, valid to naga).
+    depth = list(accumulate((v == "(") - (v == ")") for v in values))
+    loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS and depth[i] == 0]
     if not loop_at:
         return GasForm(text, False)
     if group is not None and not 0 <= group < MAX_GROUPS:
@@ -218,10 +222,7 @@ def _functions(text: str, toks: list, values: list[str]) -> tuple[dict[str, _Fun
 
 
 def _next_brace(values: list[str], i: int) -> int | None:
-    for j in range(i + 1, len(values)):
-        if values[j] in ("{", "}"):
-            return j
-    return None
+    return next((j for j in range(i + 1, len(values)) if values[j] in ("{", "}")), None)
 
 
 def _matching(values: list[str], open_at: int) -> int | None:
@@ -276,8 +277,7 @@ def _loop_body(text: str, toks: list, values: list[str], i: int) -> tuple[int, i
 
 
 def _reaches_barrier(body: list[str], barrier_fns: frozenset[str]) -> bool:
-    names = set(body)
-    return bool(names & BARRIERS or names & barrier_fns)
+    return bool(set(body) & (BARRIERS | barrier_fns))
 
 
 def _flushes(toks: list, values: list[str], main: _Function) -> list[tuple[int, str]]:
