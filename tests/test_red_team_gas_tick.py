@@ -92,3 +92,36 @@ def test_a_loop_word_in_a_diagnostic_rule_is_not_a_loop(name, rng):
     want = {0: data + 1, 1: (data + 1) * (3 if "for" in name else 5)}[loops]
     assert np.array_equal(out, want.astype(np.uint32)), out[:4]
     assert (used, ran_out) == (gas, False)  # loop-free: the 64 invocations launched
+
+
+# sync reaches a barrier; its diagnostic attribute names a rule `fn.a`
+BARRIER_HELPER = HEAD + """var<workgroup> s: array<u32, 64>;
+@diagnostic(off, fn.a) fn sync(i: u32, v: u32) -> u32 { s[i] = v; workgroupBarrier(); let r = s[63u - i]; workgroupBarrier(); return r; }
+@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) {
+  var acc = 0u;
+  for (var k = 0u; k < i; k++) { acc += 1u; }
+  for (var t = 0u; t < 4u; t++) { acc = sync(i, acc + t); }
+  out[i] = acc;
+}
+"""
+
+
+def test_a_fn_word_in_a_diagnostic_rule_does_not_hide_a_barrier_function():
+    """`@diagnostic(off, fn.a) fn sync` was read as a function named '.', so
+    a loop calling sync() was not a barrier loop: it broke on kem_gas_n,
+    which the loop before it (i turns) makes differ between invocations, a
+    break out of a barrier loop in non-uniform control flow (at cap 62,
+    invocations 61-63 left while the rest waited at workgroupBarrier: on a
+    GPU that is undefined, a hang at worst). Now it breaks on kem_gas_u."""
+    from gas_helpers import run
+    from kem_port.gpu.wgsl import wgsl_gas
+    from kem_port.gpu.wgsl.wgsl_canonical import canonical
+
+    form = wgsl_gas.gas_form(canonical(BARRIER_HELPER))
+    assert (form.loops, form.uniform_loops) == (2, 1)
+    acc = np.arange(64, dtype=np.uint64)
+    for t in range(4):
+        acc = (acc + t)[::-1]
+    out, (gas, ran_out), _ = run(BARRIER_HELPER, np.zeros(64, np.uint32), 64, 1, 1000)
+    assert np.array_equal(out, acc.astype(np.uint32)) and not ran_out
+    assert gas == 64 + sum(range(64)) + 64 * 4

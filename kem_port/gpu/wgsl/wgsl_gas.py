@@ -203,7 +203,8 @@ def _functions(text: str, toks: list, values: list[str]) -> tuple[dict[str, _Fun
         value = values[i]
         if depth == 0 and value == "@" and values[i + 1 : i + 2] == ["compute"]:
             compute = True
-        elif value == "fn" and depth == 0 and i + 1 < len(values):
+        # fn NAME( only: a diagnostic rule may be named fn.a (it hid a barrier function)
+        elif value == "fn" and depth == 0 and values[i + 2 : i + 3] == ["("]:
             start = _next_brace(values, i)
             if start is None or values[start] != "{":
                 raise _refuse(text, toks[i][2], "a function without a body")
