@@ -125,3 +125,21 @@ def test_a_fn_word_in_a_diagnostic_rule_does_not_hide_a_barrier_function():
     out, (gas, ran_out), _ = run(BARRIER_HELPER, np.zeros(64, np.uint32), 64, 1, 1000)
     assert np.array_equal(out, acc.astype(np.uint32)) and not ran_out
     assert gas == 64 + sum(range(64)) + 64 * 4
+
+
+@pytest.mark.parametrize("frame, named", [
+    (b"\x83t\x00\x00\x00\x01k\x00\x06outptua\x01", "'outptu'"),  # #{"outptu" => 1}: an Erlang string key
+    (b"\x83t\x00\x00\x00\x01k\x00\x03a\x1b\x07a\x01", "'a\\x1b\\x07'"),
+    (b"\x83t\x00\x00\x00\x01t\x00\x00\x00\x00a\x01", "a map"),  # #{#{} => 1}
+])
+def test_a_key_is_named_in_erlangs_words_not_pythons_type_names(frame, named):
+    """erlang-py decodes an Erlang string key to bytes and a map key to a
+    frozendict: shown() named them 'a bytes' and 'a frozendict', Python's
+    words, to an Erlang caller who wrote #{"outptu" => 1}."""
+    import erlang
+
+    from kem_port.wire import protocol
+
+    with pytest.raises(KemError) as caught:
+        protocol.options(erlang.binary_to_term(frame), ("output_size",), "Opts", "option")
+    assert caught.value.detail == f"unknown option {named}; known: output_size"

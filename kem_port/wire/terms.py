@@ -60,6 +60,11 @@ def atom_name(value: Any) -> str | None:
     return None
 
 
+# erlang-py's Python types by Erlang's names for them (a bitstring is an OtpErlangBinary)
+_KINDS = {"dict": "map", "frozendict": "map", "list": "list", "tuple": "tuple", "binary": "bitstring", "pid": "pid",
+          "port": "port", "reference": "reference", "function": "fun"}
+
+
 def shown(value: Any, limit: int = 40) -> str:
     """A caller's term as a reply names it, in plain words: an atom or a
     binary by its text (quoted, non-printable bytes escaped, at most
@@ -67,11 +72,13 @@ def shown(value: Any, limit: int = 40) -> str:
     never Python's repr of erlang-py's classes (OtpErlangAtom('x'))."""
     text = atom_name(value)
     if text is None:
-        raw = binary_bytes(value)
+        # erlang-py gives an Erlang string (STRING_EXT) as bytes: its text too
+        raw = value if type(value) is bytes else binary_bytes(value)
         if raw is None:
             if type(value) in (int, float):
                 return str(value)
-            return f"a {type(value).__name__.removeprefix('OtpErlang').lower() or 'term'}"
+            kind = type(value).__name__.removeprefix("OtpErlang").lower()
+            return f"a {_KINDS.get(kind, 'term')}"  # Erlang's words, not Python's (a dict, a frozendict)
         text = raw.decode("ascii", "backslashreplace")
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return "'" + (text if len(text) <= limit else text[:limit] + "...") + "'"
