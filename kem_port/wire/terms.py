@@ -79,8 +79,10 @@ def shown(value: Any, limit: int = 40) -> str:
                 return str(value)
             kind = type(value).__name__.removeprefix("OtpErlang").lower()
             return f"a {_KINDS.get(kind, 'term')}"  # Erlang's words, not Python's (a dict, a frozendict)
-        text = raw.decode("ascii", "backslashreplace")
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+        text = raw[: limit + 1].decode("ascii", "backslashreplace")
+    # Only the first limit + 1 characters can show (each escapes to one or
+    # more): escaping a 64 MiB key whole held the port's reader 23 s.
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
     return "'" + (text if len(text) <= limit else text[:limit] + "...") + "'"
 
 
