@@ -162,3 +162,39 @@ def test_a_huge_key_is_named_in_time_bounded_by_what_is_shown():
     elapsed = time.perf_counter() - started
     assert caught.value.detail == "unknown option '" + "\\x01" * 10 + "...'; known: output_size"
     assert elapsed < 0.5, elapsed  # was about 6 s (32 MiB); now microseconds
+
+
+# Every name the tick and the flush touch, or could be thought to, declared
+# by the kernel where WGSL lets it: params, locals, struct members, module
+# consts and functions. Held: the tick names only kem_gas_* (refused in a
+# kernel) and the flush is a module function whose locals shadow the kernel's.
+SHADOWING = HEAD + """
+struct S { x: u32, cap: u32, n: u32, old: u32, meter: u32 }
+const n = 7u;
+const old = 9u;
+fn select(a: u32) -> u32 { return 0u; }
+fn max(a: u32, b: u32) -> u32 { return 0u; }
+fn h(storage: u32, uniform: u32, x: u32) -> u32 { return storage + uniform + x; }
+""" + ENTRY + """ var s = S(1u, 2u, 3u, 4u, 5u);
+  let cap = 1u; var x = 0u;
+  for (var k = 0u; k < inp[g.x]; k++) { x += h(s.x, cap, n - old + 2u); }
+  out[g.x] = x;
+}
+"""
+
+
+@pytest.mark.parametrize("cap, ran_out", [(5000, False), (50, True)])
+def test_shadowing_any_name_the_gas_code_reads_changes_no_count(cap, ran_out, rng):
+    """Held (red team of 061ab6b): the loop runs inp[g.x] turns; under a cap
+    above every count the meter holds exactly their sum and the outputs are
+    right; under a cap of 50 the kernel ran out and no invocation passed 51."""
+    from gas_helpers import run
+
+    data = rng.integers(0, 200, 64, dtype=np.uint32)
+    out, (gas, out_of_gas), form = run(SHADOWING, data, 64, 1, cap)
+    assert form.metered and out_of_gas == ran_out
+    if not ran_out:
+        assert np.array_equal(out, data * 2) and gas == 64 + int(data.sum())
+    else:
+        assert gas == 64 + int(np.minimum(data, 51).sum())
+        assert np.array_equal(out, np.minimum(data, 50) * 2)
