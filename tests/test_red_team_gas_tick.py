@@ -198,3 +198,14 @@ def test_shadowing_any_name_the_gas_code_reads_changes_no_count(cap, ran_out, rn
     else:
         assert gas == 64 + int(np.minimum(data, 51).sum())
         assert np.array_equal(out, np.minimum(data, 50) * 2)
+
+
+def test_unbalanced_parentheses_hide_no_loop():
+    """Loops inside parentheses are not ticked (a diagnostic rule's name):
+    a ')' too many would put every later loop 'inside' one, so a text whose
+    parentheses do not balance (naga takes none) is refused by the form."""
+    from kem_port.gpu.wgsl import wgsl_gas
+
+    with pytest.raises(KemError) as caught:
+        wgsl_gas.gas_form("fn f() ) { loop { } }")
+    assert caught.value.reason == "bad_kernel" and "parentheses" in caught.value.detail

@@ -34,10 +34,9 @@ any of WebGPU's four groups, so they take ``gas_group``: the lowest group
 no binding of the kernel declares (one form per kernel, whichever entry
 point runs); a looping kernel that declares all four is refused
 (docs/metering.md says why the meter does not share a group). Injected
-names start with ``kem_gas_`` (a kernel using the prefix is refused);
-injected code goes on the lines it belongs to and the declarations after
-the kernel's last line, so naga's line numbers point into the author's
-file. A kernel without a loop token is returned unchanged and unmetered.
+names start with ``kem_gas_`` (refused in a kernel); ticks and flushes go on
+the lines they belong to, the declarations after the kernel's last line
+(naga's line numbers point into the author's file). A loop-free kernel is unchanged.
 """
 
 from __future__ import annotations
@@ -131,9 +130,10 @@ def _gas_form(text: str, group: int | None) -> GasForm:
     toks = list(tokens(text))
     values = [value for _, value, _ in toks]
     _check_names(text, toks, values, False, group)  # every kernel: only a gas form has kem's names
-    # A loop statement is never inside parentheses; a loop word there is a
-    # diagnostic rule's name (`@diagnostic(off, a.loop)`, valid to naga).
+    # No loop statement is inside parentheses: a loop word there names a diagnostic rule (@diagnostic(off, a.loop))
     depth = list(accumulate((v == "(") - (v == ")") for v in values))
+    if depth and (min(depth) < 0 or depth[-1] != 0):  # balanced in any text naga takes; else a loop could hide
+        raise KemError("bad_kernel", "unbalanced parentheses")
     loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS and depth[i] == 0]
     if not loop_at:
         return GasForm(text, False)
