@@ -132,7 +132,7 @@ def _gas_form(text: str, group: int | None) -> GasForm:
     _check_names(text, toks, values, False, group)  # every kernel: only a gas form has kem's names
     # No loop statement is inside parentheses: a loop word there names a diagnostic rule (@diagnostic(off, a.loop))
     depth = list(accumulate((v == "(") - (v == ")") for v in values))
-    if depth and (min(depth) < 0 or depth[-1] != 0):  # balanced in any text naga takes; else a loop could hide
+    if depth and (min(depth) < 0 or depth[-1] != 0) and not LOOP_WORDS.isdisjoint(values):  # naga takes none
         raise KemError("bad_kernel", "unbalanced parentheses")
     loop_at = [i for i, value in enumerate(values) if value in LOOP_WORDS and depth[i] == 0]
     if not loop_at:
