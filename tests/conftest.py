@@ -46,11 +46,13 @@ def start_port(**env: str) -> PortClient:
 # decorators in each file, so that one place says what may not overlap.
 
 # Tests that assert a wall-clock upper bound on work that needs the CPU
-# (a refusal within 0.2-2 s, a port gone within 2-15 s, a lexer linear in
-# 1 s, a call answered inside a 1 ms timeout). Beside a second worker they
+# (a refusal within 1-6 s, a port gone within 5-15 s, a lexer linear in
+# 10 s, a call answered inside a 1 ms timeout). Beside a second worker they
 # get about one core of this machine's two instead of two: they run alone
-# so that the bound still measures kem, not the neighbour. Their margins
-# stay as they are.
+# so that the bound still measures kem, not the neighbour. Each bound is
+# several times what this machine takes and far below what the defect it
+# guards against took (CI's machine once ran 5 of them past bounds set
+# at 1-2x: 1.03 s against 1 s, 2.04 s against 2 s).
 SERIAL: dict[str, set[str]] = {
     "test_compile_guard.py": {
         "test_nested_doubling_refused_in_milliseconds_by_its_inlined_size",

@@ -179,8 +179,15 @@ def test_a_lone_call_with_any_valid_timeout_is_answered_as_today(limited, rng, t
     the reader runs at once is answered, with a 1 ms timeout too."""
     data = rng.integers(0, 2**32, 1, dtype=np.uint32)
     folded, today = _both_roads(limited, _call_frame(11, b"double", data.tobytes(), 1, timeout_ms), monkeypatch)
-    assert folded == today
     assert _ok_value(terms.decode(folded), 11) == (data * np.uint32(2)).tobytes()
+    if folded != today:
+        # Today's road hands the call to the GPU thread through a queue: on a
+        # loaded machine (CI) 1 ms can pass there first, and today's answer
+        # is then the queue timeout. The folded road never waits in a queue.
+        assert timeout_ms == 1
+        tag, _, (error, (reason, detail)) = terms.decode(today)
+        assert (error, reason) == (terms.atom("error"), terms.atom("timeout"))
+        assert b"in the port's queue" in detail
 
 
 def test_the_folded_reply_is_todays_for_every_req_id_form(limited, rng, monkeypatch):

@@ -77,7 +77,8 @@ def test_a_megabyte_of_zeros_is_lexed_in_linear_time(run):
     for analysis in (lambda t: list(tokens(t)), identifier_counts, lambda t: sequence_count(t, ("var", "<", "workgroup"))):
         started = time.perf_counter()
         analysis(run)
-        assert time.perf_counter() - started < 1.0
+        # 10 s, not 1: CI's machine took 1.05 s once; quadratic took hours.
+        assert time.perf_counter() - started < 10.0
 
 
 # -- workgroup clearing's type walk -------------------------------------------
@@ -102,7 +103,7 @@ def test_a_ladder_of_structs_is_cleared_in_linear_time():
     a 2 KB kernel: years), under the admission lock."""
     started = time.perf_counter()
     cleared = zero_workgroup_memory(struct_ladder(40))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0  # exponential: years
     assert "if (_kem_lii == 0u) { w = S40(); }" in cleared
 
 
@@ -114,7 +115,7 @@ def test_a_long_alias_chain_is_an_answer_not_a_recursion_error(atomic):
         assert "atomicStore(&w[_kem_i], 0);" in zero_workgroup_memory(alias_chain(5000, atomic=True))
     else:
         assert "_kem_i < u32(4)" in zero_workgroup_memory(alias_chain(5000, atomic=False))
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 10.0
 
 
 # -- dispatch isolation: a plain kernel that reads everything it can ----------

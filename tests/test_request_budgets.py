@@ -62,7 +62,7 @@ def test_a_chain_step_with_a_huge_explicit_dispatch_is_refused_naming_the_step(r
         took = time.perf_counter() - started
         assert (err.value.reason, err.value.step) == ("bad_args", 2), err.value
         assert "workgroups" in err.value.detail and "274" in err.value.detail  # the step's total, 65535*65535*64
-        assert took < 2.0
+        assert took < 6.0  # refused, not run: running it held the port past the 10 s timeout
         assert port.call("ping") is not None
         for n in (1, 300, 4096):
             words = rng.integers(0, 2**31, n, dtype=np.uint32)
@@ -180,9 +180,9 @@ def test_a_runaway_warm_kernel_never_holds_the_reader(kernel_dir, rng, road):
         time.sleep(0.3)  # it is running
         assert not runaway.done()
         pong, took = answered_within(port, "ping")
-        assert took < 0.2, f"ping took {took:.2f} s"
+        assert took < 1.0, f"ping took {took:.2f} s"
         state, took = answered_within(port, "call_state", runaway_id)
-        assert took < 0.2, f"call_state took {took:.2f} s"
+        assert took < 1.0, f"call_state took {took:.2f} s"
         # A chain is placed as a call is (its control action carries its
         # ReqId): the node blames only work the GPU was inside.
         assert terms.binary_bytes({terms.atom_name(k): v for k, v in state.items()}["state"]) == b"running"
