@@ -11,6 +11,9 @@
 -spec run(quick | full, string()) -> ok.
 run(Mode, OutFile) ->
     logger:set_primary_config(level, error),
+    %% Sessions and chains (issue 29) first: kem runs for them alone with
+    %% the session kernels' directory (kem_bench_sessions:in_bench/1).
+    Sessions = kem_bench_sessions:in_bench(Mode),
     {ok, _} = application:ensure_all_started(kem),
     settle(),
     P = params(Mode),
@@ -60,6 +63,7 @@ run(Mode, OutFile) ->
             bulk_64mb_over_echo => ratio(64, Bulk, EchoBulk)},
         coalesced => Coalesced,
         general => by_key(Named),
+        sessions => Sessions,
         port_stats_delta => delta(Before, After)},
     ok = file:write_file(OutFile, kem_json:encode(Result)),
     print(Result, Sizes),
@@ -67,6 +71,7 @@ run(Mode, OutFile) ->
     [io:format("  general call by named buffers (double, ~b B): p50 ~p us  p99 ~p us   | kem@1.0 call p50 ~p us  p99 ~p us~n",
                [B, maps:get(named_p50_us, R), maps:get(named_p99_us, R), maps:get(plain_p50_us, R), maps:get(plain_p99_us, R)])
      || {B, R} <- Named],
+    kem_bench_sessions:print(Sessions),
     io:format("kem bench: wrote ~s~n", [OutFile]),
     ok.
 
