@@ -187,7 +187,7 @@ def test_a_lone_call_with_any_valid_timeout_is_answered_as_today(limited, rng, t
         assert timeout_ms == 1
         tag, _, (error, (reason, detail)) = terms.decode(today)
         assert (error, reason) == (terms.atom("error"), terms.atom("timeout"))
-        assert b"in the port's queue" in detail
+        assert b"in the port's queue" in terms.binary_bytes(detail)
 
 
 def test_the_folded_reply_is_todays_for_every_req_id_form(limited, rng, monkeypatch):
