@@ -71,11 +71,21 @@ def test_truncated_or_padded_frames_are_left_to_erlang_py_which_refuses_them():
             terms.decode(frame + junk)
 
 
-def test_other_shapes_fall_through_to_erlang_py():
-    opts = {terms.atom("output_size"): 8}
+def test_small_maps_are_read_here_as_erlang_py_reads_them():
+    """The run method's buffers and options (and execute's options)."""
+    opts = {terms.atom("output_size"): 8, terms.atom("grid"): (4, 1, 1), terms.Binary(b"x"): terms.Binary(b"\x01" * 5), 7: True}
     frame = request(3, "execute", (terms.Binary(b"k"), terms.Binary(b"abcd"), opts))
-    assert decode_hot(frame) is None
-    assert terms.decode(frame)[3][2] == opts
+    assert same(decode_hot(frame), erlang.binary_to_term(frame))
+    assert decode_hot(frame)[3][2] == opts
+
+
+def test_other_shapes_fall_through_to_erlang_py():
+    for opts in ({terms.atom("constants"): {terms.Binary(b"k"): 1.5}},  # a float
+                 {(1, 2): 3},  # a tuple key: erlang-py rebuilds it
+                 {terms.atom("list"): [1, 2]}):
+        frame = request(3, "execute", (terms.Binary(b"k"), terms.Binary(b"abcd"), opts))
+        assert decode_hot(frame) is None
+        assert same(terms.decode(frame), erlang.binary_to_term(frame))
     deep = erlang.term_to_binary(((((((1,),),),),),))
     assert decode_hot(deep) is None and same(terms.decode(deep), erlang.binary_to_term(deep))
     assert decode_hot(b"\x83P\x00\x00\x00\x10x\x9c") is None  # compressed: refused by terms.decode

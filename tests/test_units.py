@@ -76,6 +76,14 @@ def test_binary_reply_fast_path_equals_library_encoding(req_id, payload):
     assert fast == terms.ok_reply(req_id, payload)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True),
+                                                  st.binary(max_size=300), max_size=8))
+def test_named_reply_fast_path_equals_library_encoding(req_id, outputs):
+    fast = b"".join(bytes(p) for p in terms.ok_named_reply(req_id, outputs))
+    assert fast == terms.ok_reply(req_id, {name.encode(): data for name, data in outputs.items()})
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=200))
 def test_decode_never_raises_anything_but_kemerror(data):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
@@ -28,6 +27,7 @@ from kem_port.port.budget import WorkBudget
 from kem_port.port.call_state import CallStates
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
 from kem_port.port.replies import Replies, with_gas
+from kem_port.wire import terms
 from kem_port.wire.run_requests import RunRequest
 
 
@@ -81,7 +81,7 @@ class RunMethods:
                     replies.error(req_id, KemError("timeout", f"waited {waited:.0f} ms in the port's queue; "
                                                                "the call's deadline passed before the GPU started it"))
                     return
-                replies.answering(req_id, lambda: replies.ok(req_id, _answer(executor.named.run(source, call), usage)))
+                replies.answering(req_id, lambda: _answer(replies, req_id, executor.named.run(source, call), usage))
             finally:
                 budget.give(share)
 
@@ -100,9 +100,11 @@ class RunMethods:
             raise KemError("overloaded", "the GPU queue is full") from None
 
 
-def _answer(outputs: NamedOutputs, usage: bool) -> Any:
+def _answer(replies: Replies, req_id: int, outputs: NamedOutputs, usage: bool) -> None:
     """Names as binaries (a str key would become an atom on the node); with
     usage, the run's gas beside them (``{Outputs, #{gas => G}}``, docs/metering.md)."""
-    by_name = {name.encode(): data for name, data in outputs.items()}
-    return with_gas(by_name, outputs.gas) if usage else by_name
+    if not usage:
+        replies.write(terms.ok_named_reply(req_id, outputs))  # spliced, as the lone call's reply is
+        return
+    replies.ok(req_id, with_gas({name.encode(): data for name, data in outputs.items()}, outputs.gas))
 

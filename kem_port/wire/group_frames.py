@@ -29,7 +29,7 @@ from kem_port.wire import terms
 from kem_port.config import Config
 from kem_port.errors import KemError
 from kem_port.wire.protocol import kernel_call
-from kem_port.wire.request_fast import _atom_forms
+from kem_port.wire.narrow_decode import _atom_forms
 
 MIN_CALLS, MAX_CALLS = 2, 256
 ENTRY = struct.Struct(">QI")  # ReqId, TimeoutMs

@@ -1,28 +1,9 @@
-"""A narrow ETF decoder for kem's hot request shapes, erlang-py for the rest.
+"""The hot kernel request read straight off a frame's bytes.
 
-Every kernel request the node sends on the hot path is a tree of small
-tuples, atoms, integers and binaries: ``{call, ReqId, execute_kernel,
-{KernelId, Input, Hint}}`` and its ``_with_params`` sibling. erlang-py
-decodes one in 7.1 us on the dev machine (docs/codec.md); walking just
-those five tags with ``struct.unpack_from`` takes a fraction of that
-(scripts/bench_codec.py prints both). Anything else -- a map (``execute``
-options), a list, a float, a big integer, or any frame this walk does not
-consume exactly -- goes to erlang-py (``terms.decode``), which stays the
-judge of what is valid: a truncated frame or trailing bytes are never
-accepted here, they fall through and erlang-py refuses them.
-
-The values returned are the ones erlang-py returns for the same bytes
-(``OtpErlangAtom``, ``OtpErlangBinary``, ``True``/``False``/``None`` for
-those atoms); tests/test_request_fast.py checks that on random frames.
-
-Its bounds are etf_guard's, imported from there (one definition): no tuple
-wider than MAX_ARITY, no more than MAX_NODES terms, no atom over MAX_ATOM
-bytes, no integer over MAX_INT_BYTES, and its own depth of 4 is inside
-MAX_DEPTH. A frame past any of them is left to the guarded road, which
-refuses it (``bad_frame``/``too_large`` to its ReqId). Without them a 13 MB
-frame of 255-wide tuples of empty binaries took this road and grew to
-250 MB of erlang-py objects (issue 24); tests/test_decoder_bounds.py fuzzes
-every ETF spelling against the guard's walk.
+``{call, ReqId, execute_kernel, {KernelId, Input, Hint}, TimeoutMs}`` is
+the one request the node sends for nearly every small call: read here in
+one pass with no term objects, or left to the narrow decoder
+(narrow_decode.py, re-exported here as decode_hot) and erlang-py.
 """
 
 from __future__ import annotations
@@ -30,128 +11,18 @@ from __future__ import annotations
 import re
 import struct
 import time
-from typing import Any
-
-import erlang
 
 from kem_port.config import Config
 from kem_port.gpu.calls import KernelCall
-from kem_port.wire.etf_guard import MAX_ARITY, MAX_ATOM, MAX_DEPTH, MAX_INT_BYTES, MAX_NODES
+from kem_port.wire.etf_guard import MAX_INT_BYTES
+from kem_port.wire.narrow_decode import (_BINARY, _INTEGER, _SMALL_BIG, _SMALL_INTEGER, _SMALL_TUPLE, _VERSION, _NotHot,
+                                         _atom_forms, _int32, _uint32, decode_hot)
 from kem_port.wire.request_types import KernelRequest
+
+__all__ = ["MAX_REQ_ID", "decode_hot", "execute_kernel_fields", "hot_execute_kernel"]
 
 MAX_REQ_ID = (1 << 64) - 1
 KERNEL_ID_BYTES = re.compile(rb"[A-Za-z0-9_-]{1,128}")  # protocol.KERNEL_ID on the raw bytes
-
-_VERSION = 131
-_SMALL_INTEGER = 97
-_INTEGER = 98
-_ATOM = 100
-_SMALL_TUPLE = 104
-_BINARY = 109
-_SMALL_BIG = 110
-_SMALL_ATOM = 115
-_ATOM_UTF8 = 118
-_SMALL_ATOM_UTF8 = 119
-_MAX_DEPTH = 4  # {call, _, _, {_, _, {X, Y, Z}}} is the deepest hot shape
-assert _MAX_DEPTH < MAX_DEPTH  # the guard's walk counts the root as one level more
-_SPECIAL_ATOMS: dict[bytes, Any] = {b"true": True, b"false": False, b"undefined": None}
-
-_ATOM_CACHE = 256
-_MISSING = object()
-_atoms: dict[bytes, Any] = {}  # atom encodings seen -> the value erlang-py gives them
-
-_Atom = erlang.OtpErlangAtom
-_Binary = erlang.OtpErlangBinary
-_int32 = struct.Struct(">i").unpack_from
-_uint32 = struct.Struct(">I").unpack_from
-_uint16 = struct.Struct(">H").unpack_from
-
-
-class _NotHot(Exception):
-    """This frame is not one of the hot shapes: let erlang-py decode it."""
-
-
-def decode_hot(frame: bytes) -> Any | None:
-    """The term in `frame` if it is built only of the hot tags and ends
-    exactly at the frame's end; otherwise None (decode with erlang-py)."""
-    if len(frame) < 2 or frame[0] != _VERSION:
-        return None
-    try:
-        # Terms still allowed after the root: each tuple spends its arity
-        # before any of its elements is built, so a refused frame costs at
-        # most MAX_NODES small objects (~2 MB), whatever its size.
-        end, term = _term(frame, 1, 0, [MAX_NODES - 1])
-    except (_NotHot, IndexError, struct.error, UnicodeDecodeError):
-        return None
-    return term if end == len(frame) else None
-
-
-def _term(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, Any]:
-    tag = data[i]
-    i += 1
-    if tag == _SMALL_TUPLE:
-        arity = data[i]
-        budget[0] -= arity
-        if depth >= _MAX_DEPTH or arity > MAX_ARITY or budget[0] < 0:
-            raise _NotHot
-        i += 1
-        items = []
-        for _ in range(arity):
-            i, item = _term(data, i, depth + 1, budget)
-            items.append(item)
-        return i, tuple(items)
-    if tag == _BINARY:
-        (size,) = _uint32(data, i)
-        start = i + 4
-        end = start + size
-        if end > len(data):
-            raise _NotHot
-        return end, _Binary(data[start:end], 8)
-    if tag == _SMALL_INTEGER:
-        return i + 1, data[i]
-    if tag == _INTEGER:
-        return i + 4, _int32(data, i)[0]
-    if tag == _SMALL_BIG:
-        size, sign = data[i], data[i + 1]
-        if size > MAX_INT_BYTES or i + 2 + size > len(data):
-            raise _NotHot
-        value = int.from_bytes(data[i + 2 : i + 2 + size], "little")
-        return i + 2 + size, -value if sign else value
-    if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8):
-        size, start = data[i], i + 1
-    elif tag in (_ATOM, _ATOM_UTF8):
-        size, start = _uint16(data, i)[0], i + 2
-    else:
-        raise _NotHot
-    end = start + size
-    if end > len(data) or size > MAX_ATOM:
-        raise _NotHot
-    key = data[i - 1 : end]  # tag, length and name: one atom, one key
-    found = _atoms.get(key, _MISSING)
-    if found is _MISSING:
-        found = _atom(tag, data[start:end])
-    return end, found
-
-
-def _atom(tag: int, name: bytes) -> Any:
-    """The value erlang-py gives this atom; remembered while there are few
-    (a frame of fresh atom names cannot grow the cache past _ATOM_CACHE)."""
-    if name in _SPECIAL_ATOMS:
-        value = _SPECIAL_ATOMS[name]
-    else:
-        value = _Atom(name.decode("utf-8") if tag in (_ATOM_UTF8, _SMALL_ATOM_UTF8) else name)
-    if len(_atoms) < _ATOM_CACHE:
-        _atoms[bytes([tag]) + (len(name).to_bytes(1 if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8) else 2, "big")) + name] = value
-    return value
-
-
-def _atom_forms(name: bytes) -> tuple[bytes, ...]:
-    """The four encodings of one atom: OTP 26+ writes SMALL_ATOM_UTF8, OTP 25
-    ATOM_EXT, erlang-py SMALL_ATOM_UTF8; the other two are legal too."""
-    n = len(name)
-    return (bytes([_SMALL_ATOM_UTF8, n]) + name, bytes([_ATOM, 0, n]) + name,
-            bytes([_SMALL_ATOM, n]) + name, bytes([_ATOM_UTF8, 0, n]) + name)
-
 
 _EXECUTE_HEADS = tuple(bytes([_VERSION, _SMALL_TUPLE, 5]) + form for form in _atom_forms(b"call"))
 _EXECUTE_METHODS = tuple(form + bytes([_SMALL_TUPLE, 3, _BINARY]) for form in _atom_forms(b"execute_kernel"))

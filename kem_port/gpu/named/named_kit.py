@@ -20,6 +20,8 @@ from __future__ import annotations
 import wgpu
 
 from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.native import NativePath
+from kem_port.gpu.wgpu_private import handle
 from kem_port.gpu.named.binding_model import Bound
 from kem_port.gpu.wgsl import wgsl_gas
 
@@ -57,58 +59,41 @@ class NamedKit:
         self.staging_size = max(total, 4)
         self.staging = device.create_buffer(size=self.staging_size, usage=_U.MAP_READ | _U.COPY_DST, label="kem-named-staging")
         self.bytes = sum(x.size for x in bound) + total
+        # Outputs are cleared each call, whatever the last call left; the meter counts from zero.
+        self.clears = [(buf, x.size) for x, buf in zip(bound, self.buffers) if x.role == "output"]
+        self.copies = [(self.buffers[i], offset, x.size) for (i, x), offset in zip(self.returned, self.offsets)]
+        if self.gas is not None:
+            self.clears.append((self.gas[1], wgsl_gas.METER_BYTES))
+            self.copies.append((self.gas[1], self.meter_offset, wgsl_gas.METER_BYTES))
+        self.native: _Handles | None = None  # the C API's handles, on its first native call
+        self.live = True  # False once released: a plan holding this kit makes a new one
 
     @staticmethod
     def _buffer(device: wgpu.GPUDevice, x: Bound) -> wgpu.GPUBuffer:
         usage = (_U.UNIFORM if x.role == "uniform" else _U.STORAGE | _U.COPY_SRC) | _U.COPY_DST
         return device.create_buffer(size=x.size, usage=usage, label=f"kem-named-{x.binding.name}")
 
-    def run(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], groups: tuple[int, int, int],
-            spin_s: float, cap: int = 0) -> tuple[dict[str, bytes], tuple[int, ...] | None]:
-        """One call of this shape through the batch road's native calls
-        (gpu/hot_path.py: the C API where wgpu-py has it): its returned
-        buffers by WGSL name, and the meter's four words (None: unmetered)
-        with ``cap`` loop iterations per invocation."""
-        for x, buf in zip(bound, self.buffers):
-            if x.data is None:
-                continue
-            # Written whole: the caller's bytes, then zeros to the bound size
-            # (writes come in whole words, so a ragged tail is joined to its zeros).
-            whole = len(x.data) & ~3
-            if whole:
-                path.write(buf, 0, x.data, whole)
-            if whole < x.size:
-                path.write(buf, whole, x.data[whole:] + bytes(x.size - len(x.data)))
+    def run(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], datas: list[bytes | None],
+            groups: tuple[int, int, int], spin_s: float, cap: int = 0) -> tuple[dict[str, bytes], tuple[int, ...] | None]:
+        """One call of this shape: ``datas`` are its bytes in binding order
+        (None for an output), ``bound`` its bindings (their lengths are this
+        call's; one kit serves every length that pads to its sizes). Returns
+        its returned buffers by WGSL name, and the meter's four words (None:
+        unmetered) with ``cap`` loop iterations per invocation."""
+        for buf, data, x in zip(self.buffers, datas, bound):
+            if data is not None:
+                self._write(path, buf, data, x.size)
         if self.gas is not None:
             path.write(self.gas[0], 0, cap.to_bytes(4, "little") + bytes(wgsl_gas.CAP_BYTES - 4))
-        encoder = path.encoder()
-        try:
-            for x, buf in zip(bound, self.buffers):
-                if x.data is None:  # an output: cleared, whatever the last call left
-                    encoder.clear_buffer(buf, 0, x.size)
-            if self.gas is not None:  # the meter counts from zero each call
-                encoder.clear_buffer(self.gas[1], 0, wgsl_gas.METER_BYTES)
-            encoder.begin_pass()
-            encoder.set_pipeline(pipeline)
-            for group, bind_group in self.groups.items():
-                encoder.set_bind_group(bind_group, group)
-            encoder.dispatch(*groups)
-            encoder.end_pass()
-            for (i, x), offset in zip(self.returned, self.offsets):
-                encoder.copy(self.buffers[i], 0, self.staging, offset, x.size)
-            if self.gas is not None:
-                encoder.copy(self.gas[1], 0, self.staging, self.meter_offset, wgsl_gas.METER_BYTES)
-            commands = encoder.finish()
-        except BaseException:
-            encoder.abandon()
-            raise
+        if isinstance(path, NativePath):
+            commands = self._encode_native(path, pipeline, groups)
+        else:
+            commands = self._encode(path, pipeline, groups)
         index = path.submit(commands)
         mapping = path.map_read(self.staging, 0, self.staging_size)
         path.wait(mapping, spin_s, index)
         try:
             view = path.mapped(self.staging, 0, self.staging_size)
-            # This call's lengths, not the kit's maker's: one kit serves every
-            # length that pads to its sizes (21..24 bytes bind 24).
             returned = {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
                         for (i, _), offset in zip(self.returned, self.offsets)}
             words = None if self.gas is None else tuple(view[self.meter_offset : self.meter_offset + wgsl_gas.METER_BYTES].cast("I"))
@@ -116,6 +101,75 @@ class NamedKit:
         finally:
             path.unmap(self.staging)
 
+    @staticmethod
+    def _write(path: HotPath, buf: wgpu.GPUBuffer, data: bytes, size: int) -> None:
+        """Written whole: the caller's bytes, then zeros to the bound size
+        (writes come in whole words, so a ragged tail is joined to its zeros;
+        the tail is under 16 bytes: sizes pad lengths to 4, uniforms to 16)."""
+        whole = len(data) & ~3
+        if whole:
+            path.write(buf, 0, data, whole)
+        if whole < size:
+            path.write(buf, whole, data[whole:] + bytes(size - len(data)))
+
+    def _encode(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, groups: tuple[int, int, int]):
+        """Clear the outputs and the meter, the pass, the copies to staging:
+        the command buffer, through the hot path's encoder (the wrappers)."""
+        encoder = path.encoder()
+        try:
+            for buf, size in self.clears:
+                encoder.clear_buffer(buf, 0, size)
+            encoder.begin_pass()
+            encoder.set_pipeline(pipeline)
+            for group, bind_group in self.groups.items():
+                encoder.set_bind_group(bind_group, group)
+            encoder.dispatch(*groups)
+            encoder.end_pass()
+            for buf, offset, size in self.copies:
+                encoder.copy(buf, 0, self.staging, offset, size)
+            return encoder.finish()
+        except BaseException:
+            encoder.abandon()
+            raise
+
+    def _encode_native(self, path: NativePath, pipeline: wgpu.GPUComputePipeline, groups: tuple[int, int, int]):
+        """_encode in bare C calls on handles taken once (as the lone kit
+        encodes, gpu/lone_kit.py): the wrappers' encoder cost a 4-byte call
+        ~10 Python calls and 5 error captures. wgpu-native defers encoding
+        errors to finish, which is captured and raised here."""
+        if self.native is None:
+            self.native = _Handles(self)
+        lib, ffi, h = path.lib, path.ffi, self.native
+        encoder = path.errors.call(lib.wgpuDeviceCreateCommandEncoder, path.device_handle, path.encoder_desc)
+        try:
+            for buf, size in h.clears:
+                lib.wgpuCommandEncoderClearBuffer(encoder, buf, 0, size)
+            compute = lib.wgpuCommandEncoderBeginComputePass(encoder, path.pass_desc)
+            lib.wgpuComputePassEncoderSetPipeline(compute, handle(pipeline))
+            for index, group in h.groups:
+                lib.wgpuComputePassEncoderSetBindGroup(compute, index, group, 0, ffi.NULL)
+            lib.wgpuComputePassEncoderDispatchWorkgroups(compute, *groups)
+            lib.wgpuComputePassEncoderEnd(compute)
+            lib.wgpuComputePassEncoderRelease(compute)
+            for buf, offset, size in h.copies:
+                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, h.staging, offset, size)
+            return path.errors.call(lib.wgpuCommandEncoderFinish, encoder, path.command_desc)
+        finally:
+            lib.wgpuCommandEncoderRelease(encoder)
+
     def release(self) -> None:
+        self.live = False
         for buf in (*self.buffers, *(self.gas or ()), self.staging):
             buf.destroy()
+
+
+class _Handles:
+    """A kit's native handles (owned by its wgpu-py objects, which it keeps)."""
+
+    __slots__ = ("clears", "copies", "groups", "staging")
+
+    def __init__(self, kit: NamedKit) -> None:
+        self.clears = [(handle(buf), size) for buf, size in kit.clears]
+        self.copies = [(handle(buf), offset, size) for buf, offset, size in kit.copies]
+        self.groups = [(index, handle(group)) for index, group in kit.groups.items()]
+        self.staging = handle(kit.staging)

@@ -32,6 +32,7 @@ from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Bound, Limits, Name
 from kem_port.gpu.named import named_gas
 from kem_port.gpu.named.named_gas import NamedOutputs
 from kem_port.gpu.named.named_kit import NamedKit
+from kem_port.gpu.named.named_plan import PLANS, NamedPlan, given_keys, signature
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
 from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
 from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
@@ -58,16 +59,31 @@ class NamedRuns:
         self._pipelines: OrderedDict[tuple, tuple] = OrderedDict()
         self._shapes: dict[str, KernelShape] = {}
         self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()  # per call shape (named_kit.py)
+        self._plans: OrderedDict[tuple, NamedPlan] = OrderedDict()  # per call signature (named_plan.py)
         self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
 
     def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
         """The call's returned buffers by WGSL name, with its gas (.gas).
         Raises KemError (gas_exhausted: a looping kernel passed its budget)."""
         device = self.gpu.require()
-        if device is not self._device:  # a new device: the old one's pipelines and kits go
+        if device is not self._device:  # a new device: the old one's pipelines, kits and plans go
             self._pipelines.clear()
             self._kits.clear()
+            self._plans.clear()
             self._device = device
+        key = signature(source.sha256, call)
+        plan = self._plans.get(key)
+        if plan is None or not plan.kit.live:
+            plan = self._plan(device, source, call, key)
+        else:
+            self._plans.move_to_end(key)
+            self.stats.inc("pipeline_hits")
+        result, words = self._dispatch(plan, plan.datas(call), (source.sha256, call.entry_point, _set(call)))
+        return named_gas.outputs(result, words, plan.slot, plan.invocations)
+
+    def _plan(self, device: wgpu.GPUDevice, source: KernelSource, call: NamedCall, key: tuple) -> NamedPlan:
+        """Every check of a call of this signature, and what it runs on
+        (named_plan.py); kept when its kit is (a large shape's is not)."""
         shape = self._shape(source)
         entry = shape.entry_points.get(call.entry_point)
         if entry is None or entry.stage != "compute":
@@ -92,9 +108,13 @@ class NamedRuns:
         slot = None if gas_group is None else gas_meter.slot_for(call.gas_limit or self.gpu.config.gas_limit, entry, groups, self.gpu.gas_turns)
         if slot is None and call.gas_limit is not None:  # loop-free: its gas is what it launches (as execute's)
             gas_meter.per_invocation_cap(call.gas_limit, gas_meter.invocations(entry, groups), self.gpu.gas_turns)
-        key = (source.sha256, call.entry_point, _set(call))
-        result, words = self._dispatch(device, pipeline, layouts, bound, groups, key, gas_group, slot)
-        return named_gas.outputs(result, words, slot, gas_meter.invocations(entry, groups))
+        kit = self._kit(device, layouts, bound, (source.sha256, call.entry_point, _set(call)), gas_group)
+        plan = NamedPlan(pipeline, kit, bound, given_keys(bound, call), groups, slot, gas_meter.invocations(entry, groups))
+        if kit.bytes <= KIT_BYTES:
+            self._plans[key] = plan
+            while len(self._plans) > PLANS:
+                self._plans.popitem(last=False)
+        return plan
 
     def check_constants(self, source: KernelSource, constants: tuple | None) -> None:
         """bad_args naming an unknown or missing override: checked before
@@ -193,12 +213,11 @@ class NamedRuns:
             for group in range(top + 1)
         }
 
-    def _dispatch(self, device: wgpu.GPUDevice, pipeline, layouts: dict, bound: list[Bound], groups, key: tuple,
-                  gas_group: int | None, slot: gas_meter.GasSlot | None) -> tuple[dict[str, bytes], tuple | None]:
-        errors = ErrorCapture()
-        kit = self._kit(device, layouts, bound, key, gas_group)
+    def _dispatch(self, plan: NamedPlan, datas: list[bytes | None], key: tuple) -> tuple[dict[str, bytes], tuple | None]:
+        errors, kit = ErrorCapture(), plan.kit
         try:
-            result, words = errors.call(kit.run, self.gpu.hot, pipeline, bound, groups, self.gpu.lone_spin_s, slot.cap if slot else 0)
+            result, words = errors.call(kit.run, self.gpu.hot, plan.pipeline, plan.bound, datas, plan.groups,
+                                        self.gpu.lone_spin_s, plan.slot.cap if plan.slot else 0)
         except wgpu.GPUError as exc:
             self._drop(key)  # its state is unknown
             raise KemError("gpu_error", gpu_message(exc)) from None
