@@ -59,7 +59,8 @@ info(_Msg1, _Msg2, _Opts) ->
             <<"execute_kernel_with_params">> => <<"POST as execute_kernel, with params [u32]; both take grid or "
                                                    "workgroups X,Y,Z and constants NAME=Number, ...">>,
             <<"get_adapter_info">> => <<"GPU adapter and limits as JSON">>,
-            <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, ...}]}: one GPU submission">>,
+            <<"execute_chain">> => <<"POST JSON {input-data, steps: [{kernel-id, params, buffers, outputs, constants, "
+                                      "grid, ...}]} or a message of those: one GPU submission; named results as run's">>,
             <<"run">> => <<"POST kernel-id, buffers/NAME parts (bytes), outputs/NAME (sizes), workgroups X,Y,Z: "
                            "every output and in/out buffer as buffers/NAME/body">>,
             <<"dashboard">> => <<"GET: the operators' page (HTML), refreshing from dashboard_data">>,
@@ -93,17 +94,17 @@ execute_chain(Msg1, Msg2, Opts) ->
     Body = try chain_body(first_found([<<"body">>], [Msg2, Msg1], Opts))
            catch throw:{bad_request, _, Refused, Why} -> {bad_request, Refused, Why}
            end,
-    case dev_kem_chain:request(Body) of
+    case dev_kem_chain:request(Body, Opts) of
         {ok, Steps, ChainOpts} ->
             case kem:request_chain_usage(Steps, ChainOpts) of
                 {{ok, Result}, Usage} ->
-                    success(Result, Usage, Opts);
+                    dev_kem_chain:reply(Result, Usage, Steps, Opts);
                 {{error, Reason}, _Usage} ->
                     event(kem, {failed, execute_chain, Reason}),
                     failure(<<"Failed to execute chain">>, dev_kem_chain:flat_reason(Reason))
             end;
-        {bad_request, Reason, Detail} ->
-            error_reply(400, <<"Bad request">>, Reason, Detail)
+        {bad_request, Reason, Detail} ->  % 413 for too_large (a step's 65th buffer), else 400
+            error_reply(kem_reply:status(Reason), <<"Bad request">>, Reason, Detail)
     end.
 
 %% @doc A kernel called by named buffers (dev_kem_run; docs/hyperbeam.md).

@@ -2,21 +2,39 @@
 %%% kernels in one request, run in one GPU submission (docs/sessions.md).
 %%%
 %%% JSON body: `{"input-data": [bytes], "steps": [Step, ...]}', each Step
-%%% `{"kernel-id", "params": [u32], "output-size": N, "workgroups": [X,Y,Z],
-%%% "entry-point", "input": Name, "output": Name, "bind": {WgslName: Name}}'
-%%% (only `kernel-id' required; snake_case names work too), or a copy or
-%%% clear of buffers earlier steps made, `{"copy": [Src, SrcOffset, Dst,
-%%% DstOffset, Size]}' or `{"clear": [Buffer, Offset, Size]}'. The reply is
-%%% the last step's output. `"gas-limit": N' (an integer 1..2^63-1, or its
-%%% digits in a message body) is the whole chain's gas budget
-%%% (docs/metering.md): a looping step that runs out answers 402
-%%% `gas_exhausted', "step N: ...".
+%%% `{"kernel-id", "params": [u32], "output-size": N, "workgroups": [X,Y,Z]
+%%% or "grid": [X,Y,Z], "entry-point", "input": Name, "output": Name,
+%%% "bind": {WgslName: Name}, "buffers": {WgslName: [bytes]}, "outputs":
+%%% {Name: Size}, "constants": {Name: Number}}' (only `kernel-id' required;
+%%% snake_case names work too), or a copy or clear of buffers earlier steps
+%%% made, `{"copy": [Src, SrcOffset, Dst, DstOffset, Size]}' or `{"clear":
+%%% [Buffer, Offset, Size]}'. A message's map body (a Lua table, an ao
+%%% message) has the same fields, its `buffers' values bytes as `run' takes
+%%% them (dev_kem_run: a binary, or a message whose `body' is one; never
+%%% numbers) and `input-data' a binary. A step's `buffers', `outputs' and
+%%% `constants' are read by the very functions `run' reads its own with
+%%% (dev_kem_run:named/3, dev_kem_opts:dispatch/3), so a user learns one
+%%% way; in JSON, which has no bytes, a buffer is an array of integers
+%%% 0-255, as `input-data' is (a string is text, refused, as for
+%%% `input-data'). Every bad field is a 4xx whose detail begins "step N: "
+%%% and names the field.
+%%%
+%%% The reply is the last step's output: its bytes as the body when it is
+%%% a kem@1.0-shaped kernel's binding 1; when the last kernel step binds by
+%%% name (kem:chain/2's `{ok, #{Name => Bytes}}'), `run''s reply, `buffers'
+%%% with each name's `#{<<"body">> => Bytes}' (dev_kem_run:named_reply/4).
+%%% `"gas-limit": N' (an integer 1..2^63-1, or its digits in a message
+%%% body) is the whole chain's gas budget (docs/metering.md): a looping
+%%% step that runs out answers 402 `gas_exhausted', "step N: ...".
 %%% Sessions are not offered here: an ao process is deterministic and
 %%% replayable on any node, a session lives on one node's GPU.
 -module(dev_kem_chain).
--export([request/1, flat_reason/1]).
+-export([request/1, request/2, reply/4, flat_reason/1]).
 
 -define(MAX_STEPS, 256).
+%% dev_kem_run's (the port's MAX_STEP_BUFFERS): a JSON map of more is not read.
+-define(MAX_STEP_BUFFERS, 64).
+-define(NAMED, [<<"buffers">>, <<"outputs">>, <<"constants">>]).
 
 %% @doc The steps and chain options of a decoded JSON body (`{json,
 %% Map}') or a message's map body (field names kebab-case or snake_case, as
@@ -25,18 +43,38 @@
 %% road, kem:request_chain_usage/2 (kem_chain_budget).
 -spec request({json, map()} | map() | {bad_request, atom(), binary()}) ->
     {ok, [kem_session:step()], map()} | {bad_request, atom(), binary()}.
-request({bad_request, Reason, Detail}) ->
-    {bad_request, Reason, Detail};
-request({json, Body}) ->
-    fields(Body, json);
 request(Body) ->
-    fields(Body, message).
+    request(Body, #{}).
 
-fields(Body, Origin) ->
+%% @doc As request/1, with the node's Opts to read a message's nested
+%% values (dev_kem:field/3).
+-spec request({json, map()} | map() | {bad_request, atom(), binary()}, map()) ->
+    {ok, [kem_session:step()], map()} | {bad_request, atom(), binary()}.
+request({bad_request, Reason, Detail}, _Opts) ->
+    {bad_request, Reason, Detail};
+request({json, Body}, Opts) ->
+    fields(Body, {json, Opts});
+request(Body, Opts) ->
+    fields(Body, {message, Opts}).
+
+%% @doc The 200 of a chain that ran: the bytes of a kem@1.0-shaped last
+%% step, or `run''s reply of named results; the usage's `bytes_in' counts
+%% the steps' own buffers too, as `run''s counts its buffers.
+-spec reply(binary() | #{binary() => binary()}, kem:usage(), [kem_session:step()], map()) ->
+    {ok, map()} | {error, map()}.
+reply(Result, Usage, Steps, Opts) ->
+    Given = lists:sum([byte_size(B) || #{buffers := Bs} <- Steps, B <- maps:values(Bs), is_binary(B)]),
+    Counted = Usage#{bytes_in => maps:get(bytes_in, Usage, 0) + Given},
+    case is_map(Result) of
+        true -> dev_kem_run:named_reply(Result, Counted, Opts, <<"Failed to execute chain">>);
+        false -> kem_reply:success(Result, Counted, Opts)
+    end.
+
+fields(Body, {Origin, _} = Ctx) ->
     try
         Fields = snake(0, Body),
-        Steps = steps(maps:get(<<"steps">>, Fields, missing)),
-        Input = input(maps:get(<<"input_data">>, Fields, <<>>), Origin),
+        Steps = steps(maps:get(<<"steps">>, Fields, missing), Ctx),
+        Input = input(maps:get(<<"input_data">>, Fields, []), Origin),  % none: a chain of by-name steps
         {ok, Steps, gas_limit(maps:get(<<"gas_limit">>, Fields, none), #{input => Input})}
     catch
         throw:{bad_request, Reason, Detail} -> {bad_request, Reason, Detail}
@@ -69,20 +107,68 @@ twice([{S, K, _} | Rest], Seen) ->
         false -> twice(Rest, Seen#{S => true})
     end.
 
-steps(List) when is_list(List), List =/= [], length(List) =< ?MAX_STEPS ->
-    [step(N, S) || {N, S} <- lists:zip(lists:seq(1, length(List)), List)];
-steps(missing) -> bad(<<"steps is required: a list of {kernel_id, ...}">>);
-steps(_) -> bad(<<"steps must be a non-empty array of at most 256 objects">>).
+steps(List, Ctx) when is_list(List), List =/= [], length(List) =< ?MAX_STEPS ->
+    [step(N, S, Ctx) || {N, S} <- lists:zip(lists:seq(1, length(List)), List)];
+steps(missing, _Ctx) -> bad(<<"steps is required: a list of {kernel_id, ...}">>);
+steps(_, _Ctx) -> bad(<<"steps must be a non-empty array of at most 256 objects">>).
 
-step(N, Map) when is_map(Map) ->
-    Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, #{}, snake(N, Map)),
+step(N, Map, Ctx) when is_map(Map) ->
+    Fields = snake(N, Map),
+    Named = maps:fold(fun(Key, Value, Acc) -> named(N, Key, Value, Ctx, Acc) end, #{},
+                      maps:with(?NAMED, Fields)),
+    Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, Named, maps:without(?NAMED, Fields)),
     Moves = maps:with([copy, clear], Step),
     case map_size(Moves) of
         0 -> maps:is_key(kernel, Step) orelse bad(N, <<"a step needs kernel_id (or is a copy or a clear)">>);
         _ -> map_size(Step) =:= 1 orelse bad(N, <<"a copy or clear step has that one field alone">>)
     end,
     Step;
-step(N, _) -> bad(N, <<"a step must be an object">>).
+step(N, _, _Ctx) -> bad(N, <<"a step must be an object">>).
+
+%% The general binding model's fields (issue 25), read as `run' reads its
+%% own: `buffers' and `outputs' by dev_kem_run:named/3, `constants' by
+%% dev_kem_opts:dispatch/3 (names WGSL identifiers, numbers typed or as
+%% decimal text, no NaN or infinity, at most 64 of each).
+named(N, <<"buffers">>, Value, {Origin, Opts}, Acc) ->
+    Acc#{buffers => given(N, dev_kem_run:named(buffers, json_bytes(N, Value, Origin), Opts))};
+named(N, <<"outputs">>, Value, {_Origin, Opts}, Acc) ->
+    Acc#{outputs => given(N, dev_kem_run:named(outputs, Value, Opts))};
+named(N, <<"constants">>, Value, {_Origin, Opts}, Acc) ->
+    case dev_kem_opts:dispatch(#{constants => Value}, Opts, #{}) of
+        {ok, #{constants := Constants}} -> Acc#{constants => Constants};
+        {error, Detail} -> bad(N, bad_args, Detail)
+    end.
+
+given(_N, {ok, Map}) -> Map;
+given(N, {error, {413, Reason, Detail}}) -> bad(N, Reason, Detail);
+given(N, {error, {_Status, _Reason, Detail}}) -> bad(N, bad_args, Detail).
+
+%% JSON has no bytes: a buffer is an array of integers 0-255 there, as
+%% input-data is, turned into the binary `run' takes (one bind group's
+%% object, `{"1": {"2": [..]}}', likewise). At most 64 values are read:
+%% dev_kem_run refuses a larger map by its size before reading a value.
+json_bytes(N, Map, json) when is_map(Map), map_size(Map) =< ?MAX_STEP_BUFFERS ->
+    maps:map(fun(Name, V) -> json_value(N, Name, V, group) end, Map);
+json_bytes(_N, Value, _Origin) ->
+    Value.
+
+json_value(N, Name, List, _) when is_list(List) ->
+    case lists:all(fun(B) -> is_integer(B) andalso B >= 0 andalso B =< 255 end, List) of
+        true -> list_to_binary(List);
+        false -> bad(N, bad_args, <<"buffer '", (shown(Name))/binary, "' must be an array of integers 0-255">>)
+    end;
+json_value(N, Name, Text, _) when is_binary(Text) ->
+    bad(N, bad_args, <<"buffer '", (shown(Name))/binary, "' in a JSON body must be an array of integers 0-255, "
+                       "not a string (a string is text); to send raw bytes, send the chain as a message whose "
+                       "buffers are binaries">>);
+json_value(N, _Name, Group, group) when is_map(Group), map_size(Group) =< ?MAX_STEP_BUFFERS ->
+    maps:map(fun(Name, V) -> json_value(N, Name, V, leaf) end, Group);
+json_value(_N, _Name, Other, _) ->
+    Other.  % dev_kem_run refuses it, naming the buffer
+
+shown(Name) when is_binary(Name), byte_size(Name) > 64 -> binary:part(Name, 0, 64);
+shown(Name) when is_binary(Name) -> Name;
+shown(_) -> <<"?">>.
 
 field(_, <<"kernel_id">>, Id, Acc) when is_binary(Id), Id =/= <<>> -> Acc#{kernel => Id};
 field(_, <<"params">>, Words, Acc) when is_list(Words), Words =/= [] ->

@@ -28,6 +28,7 @@
 %%% dev_kem's (kem_reply).
 -module(dev_kem_run).
 -export([run/3]).
+-export([named/3, named_reply/4]).  % for dev_kem_chain: a chain step's buffers and outputs, named results
 
 %% The port's own bound (wire/run_requests.py MAX_BUFFERS), checked here
 %% before a value is read.
@@ -57,17 +58,33 @@ run(Msg1, Msg2, Opts) ->
 call(KernelId, Buffers, RunOpts, Opts) ->
     case kem:call_usage(run, {KernelId, Buffers, RunOpts}, kem:default_timeout()) of
         {{ok, Returned}, Usage} when is_map(Returned) ->
-            case reply_buffers(Returned) of
-                {ok, Nested} ->
-                    Counted = Usage#{kernel_id => KernelId, bytes_in => total(Buffers),
-                                     bytes_out => total(Returned)},
-                    {ok, Base} = kem_reply:success(<<>>, Counted, Opts),
-                    {ok, (maps:without([<<"body">>, <<"content-type">>], Base))#{<<"buffers">> => Nested}};
-                Error ->
-                    kem_reply:failure(<<"Failed to run kernel">>, Error)
-            end;
+            Counted = Usage#{kernel_id => KernelId, bytes_in => total(Buffers), bytes_out => total(Returned)},
+            named_reply(Returned, Counted, Opts, <<"Failed to run kernel">>);
         {{error, Reason}, _Usage} ->
             kem_reply:failure(<<"Failed to run kernel">>, Reason)
+    end.
+
+%% @doc The 200 of named results (`run''s, and a chain's whose last step
+%% binds by name): the usage keys and `buffers', each `#{<<"body">> =>
+%% Bytes}'; Message is the failure's should a name not be a WGSL identifier.
+-spec named_reply(#{term() => binary()}, kem:usage(), map(), binary()) -> {ok, map()} | {error, map()}.
+named_reply(Returned, Usage, Opts, Message) ->
+    case reply_buffers(Returned) of
+        {ok, Nested} ->
+            {ok, Base} = kem_reply:success(<<>>, Usage, Opts),
+            {ok, (maps:without([<<"body">>, <<"content-type">>], Base))#{<<"buffers">> => Nested}};
+        Error ->
+            kem_reply:failure(Message, Error)
+    end.
+
+%% @doc A `buffers' or `outputs' value read as `run' reads it (dev_kem_chain
+%% reads a chain step's with it: one way to learn): name => bytes, name =>
+%% size; or the refusal's status, reason and detail (the detail names the
+%% field or the buffer).
+-spec named(buffers | outputs, term(), map()) -> {ok, map()} | {error, {400..499, atom(), binary()}}.
+named(Field, Value, Opts) ->
+    try {ok, case Field of buffers -> buffers(Value, Opts); outputs -> outputs(Value, Opts) end}
+    catch throw:{refused, Status, Reason, Detail} -> {error, {Status, Reason, Detail}}
     end.
 
 %% Each returned name is a nested key (a part's name over HTTP): only the
