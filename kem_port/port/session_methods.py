@@ -23,6 +23,7 @@ from kem_port.gpu.session.chain_steps import AnyStep, Chain, ClearStep, CopyStep
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.pipelines import named_shader
+from kem_port.gpu.session.chain import NotForReader
 from kem_port.gpu.session.session_service import SessionService
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
@@ -34,7 +35,7 @@ from kem_port.stats import Stats
 
 INLINE_STEPS = 16
 OK = terms.atom("ok")
-Work = Callable[[], Any]
+Work = Callable[[bool], Any]  # its argument: whether the reader runs it (else the GPU thread)
 
 
 class SessionMethods:
@@ -65,6 +66,10 @@ class SessionMethods:
     # -- buffers and sessions ----------------------------------------------
 
     def _buffer_work(self, request: BufferRequest) -> Work:
+        run = self._buffer_action(request)
+        return lambda _reader: run()
+
+    def _buffer_action(self, request: BufferRequest) -> Callable[[], Any]:
         store, method, ref, name = self.service.sessions, request.method, request.ref, request.name
         if method == "session_open":
             return lambda: (store.incarnation, store.open(request.quota))
@@ -121,10 +126,10 @@ class SessionMethods:
         ``{Result, #{gas => G}}``, the execute road's carrier, docs/metering.md)."""
         store, chains = self.service.sessions, self.service.chains
 
-        def work() -> Any:
+        def work(reader: bool) -> Any:
             session = store.get(*ref) if ref is not None else None
             try:
-                result = chains.run(replace(chain, session=session))
+                result = chains.run(replace(chain, session=session), reader)
             except StepError as exc:
                 raise _shaped(method, exc) from None
             # Buffer names go back as binaries (a str key would become an atom).
@@ -167,17 +172,35 @@ class SessionMethods:
     def _submit(self, req_id: int, work: Work, small: bool = False) -> None:
         """Run `work` on the GPU thread, or on this one when it is small and
         nothing else waits (as port/lone_call.py does for small calls:
-        waking the GPU thread cost ~0.4 ms of a ~0.9 ms call on lavapipe)."""
+        waking the GPU thread cost ~0.4 ms of a ~0.9 ms call on lavapipe).
+        A chain whose plan proves too long for the reader (NotForReader,
+        raised before anything is submitted) goes to the GPU thread after all."""
 
         @_tagged(req_id)
         def control(_executor: object) -> None:
-            self._answering(req_id, lambda: self.replies.ok(req_id, self.service.run(work)))()
+            self._answering(req_id, lambda: self.replies.ok(req_id, self.service.run(lambda: work(False))))()
+
+        longer: list[bool] = []
+
+        def answer_inline() -> None:
+            try:
+                value = self.service.run(lambda: work(True))
+            except NotForReader:
+                longer.append(True)
+                return
+            self.replies.ok(req_id, value)
+
+        @_tagged(req_id)
+        def inline(_executor: object) -> None:
+            self.replies.answering(req_id, answer_inline)
 
         # Session work keeps its order: none runs inline while earlier work is still
         # queued (the GPU thread takes an item a moment before the executor lock).
-        if small and not self._queued and not self.input_waiting() and self.loop.run_control_inline(control):
-            self.stats.inc("inline_session_calls")
-            return
+        if small and not self._queued and not self.input_waiting() and self.loop.run_control_inline(inline):
+            if not longer:
+                self.stats.inc("inline_session_calls")
+                return
+            self.stats.inc("session_calls_off_reader")
 
         @_tagged(req_id)
         def queued(executor: object) -> None:

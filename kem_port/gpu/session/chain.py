@@ -22,10 +22,21 @@ from kem_port.gpu.session.chain_gas import ChainGas, plan_gas
 from kem_port.gpu.session.chain_plan import Chain, ChainPlan, Planner
 from kem_port.gpu.session.chain_steps import PlannedClear, PlannedCopy, PlannedStep, Slot
 from kem_port.gpu.device import Device
+from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.named.named_run import SMALL_INVOCATIONS
 from kem_port.gpu.session.session_pipelines import SessionPipelines
 from kem_port.gpu.session.sessions import finish_and_read
 from kem_port.gpu.wgsl import wgsl_gas
 from kem_port.stats import Stats
+
+
+# The most invocations a chain may launch on the reader: a lone kem@1.0
+# call's (gpu/named/named_run.SMALL_INVOCATIONS: kem's 1-D rule on 64 KiB).
+READER_INVOCATIONS = SMALL_INVOCATIONS
+
+
+class NotForReader(Exception):
+    """A chain planned on the reader whose work is too long to run there."""
 
 
 @dataclass(frozen=True)
@@ -49,33 +60,52 @@ class ChainRunner:
     def plan(self, chain: Chain) -> ChainPlan:
         return Planner(chain, self.gpu, self.pipelines, self.max_temp_bytes, self.request_bytes).plan()
 
-    def run(self, chain: Chain) -> ChainResult:
-        """Validate every step, then encode, submit and read back once."""
+    def run(self, chain: Chain, reader: bool = False) -> ChainResult:
+        """Validate every step, then encode, submit and read back once.
+
+        On the reader (`reader`: port/session_methods.py) a chain runs only
+        when its planned work is a lone call's at most (READER_INVOCATIONS,
+        no loop): else NotForReader is raised before anything is submitted,
+        and the caller hands it to the GPU thread. A step's workgroups are
+        the caller's word, and one 4-byte session call with workgroups
+        {4096, 256, 1} would hold the reader (ping, call_state) for as
+        long as the GPU runs it. Its wait spins as a lone call's there."""
         plan = self.plan(chain)
         gas = plan_gas(plan, chain.gas_limit, self.gas_limit, self.gpu.storage_align, self.gpu.gas_turns)
-        results, meter = self._execute(plan, gas)
+        if reader and (gas.meters or sum(count for _, count in gas.launched) > READER_INVOCATIONS):
+            raise NotForReader
+        results, meter = self._execute(plan, gas, self.gpu.lone_spin_s if reader else self.gpu.spin_s)
         self.stats.inc("chain_steps", len(plan.steps))
         used = gas.settle(meter)  # gas_exhausted, naming the step, once the chain has landed
         if not plan.named_result:
             return ChainResult(results[0], used)
         return ChainResult(dict(zip(plan.names, results)), used)
 
-    def _execute(self, plan: ChainPlan, gas: ChainGas) -> tuple[list[bytes], bytes]:
-        device = self.gpu.require()
-        pool = self.gpu.pool
+    def _execute(self, plan: ChainPlan, gas: ChainGas, spin_s: float) -> tuple[list[bytes], bytes]:
+        """Encode, submit and read back on the hot path (gpu/hot_path.py:
+        wgpu-native's C API where wgpu-py has it), as the batches do."""
+        gpu = self.gpu
+        gpu.require()
+        path, pool = gpu.hot, gpu.pool
         assert pool is not None
         taken: list[tuple[str, wgpu.GPUBuffer]] = []
         try:
             self._take_temporaries(plan.temporaries, taken)
-            u_buf = self._params(device, plan, taken, gas)
-            encoder = device.create_command_encoder()
-            self._fill_temporaries(device, encoder, plan.temporaries)
+            u_buf = self._params(path, plan, taken, gas)
             meter_buf = None
-            if gas.meter_bytes:  # zeroed in this submission, before the first dispatch
+            if gas.meter_bytes:
                 meter_buf = pool.take("session", gas.meter_bytes)
                 taken.append(("session", meter_buf))
-                encoder.clear_buffer(meter_buf, 0, gas.meter_bytes)
-            self._encode(device, encoder, plan, u_buf, gas, meter_buf)
+            self._upload_temporaries(path, plan.temporaries)
+            encoder = path.encoder()
+            try:
+                self._clear_temporaries(encoder, plan.temporaries)
+                if meter_buf is not None:  # zeroed in this submission, before the first dispatch
+                    encoder.clear_buffer(meter_buf, 0, gas.meter_bytes)
+                self._encode(encoder, plan, u_buf, gas, meter_buf)
+            except BaseException:
+                encoder.abandon()
+                raise
             # A buffer the last step writes rides along as a fence: the
             # answer waits for the work even when nothing else is read.
             fence = plan.steps[-1].written
@@ -84,7 +114,7 @@ class ChainRunner:
                 ranges.append((fence.buffer, fence.offset, 4))
             if meter_buf is not None:
                 ranges.append((meter_buf, 0, gas.meter_bytes))
-            read = finish_and_read(device, self.gpu, encoder, ranges)
+            read = finish_and_read(path, gpu, encoder, ranges, spin_s)
             meter = read[-1] if meter_buf is not None else b""
             return [data[: slot.logical] for data, slot in zip(read, plan.returns)], meter
         finally:
@@ -98,34 +128,36 @@ class ChainRunner:
             slot.buffer = self.gpu.pool.take("session", slot.size)  # type: ignore[union-attr]
             taken.append(("session", slot.buffer))
 
-    def _encode(self, device: wgpu.GPUDevice, encoder, plan: ChainPlan, u_buf, gas: ChainGas, meter_buf) -> None:
+    def _encode(self, encoder, plan: ChainPlan, u_buf, gas: ChainGas, meter_buf) -> None:
         """Kernel steps in compute passes; a copy or clear between passes."""
-        compute, current = None, None
+        device = self.gpu.require()
+        in_pass, current = False, None
         for index, step in enumerate(plan.steps):
             if type(step) is PlannedStep:
-                if compute is None:
-                    compute, current = encoder.begin_compute_pass(), None
+                if not in_pass:
+                    encoder.begin_pass()
+                    in_pass, current = True, None
                 if step.pipeline is not current:
-                    compute.set_pipeline(step.pipeline.pipeline)
+                    encoder.set_pipeline(step.pipeline.pipeline)
                     current = step.pipeline
                 metered = gas.bind_entries(index, u_buf, meter_buf) if step.pipeline.gas_group is not None else None
                 for group, bind_group in self._bind_groups(device, step, u_buf, metered):
-                    compute.set_bind_group(group, bind_group)
-                compute.dispatch_workgroups(*step.groups)
+                    encoder.set_bind_group(bind_group, group)
+                encoder.dispatch(*step.groups)
                 continue
-            if compute is not None:
-                compute.end()
-                compute = None
+            if in_pass:
+                encoder.end_pass()
+                in_pass = False
             if type(step) is PlannedCopy:
                 if step.size:
-                    encoder.copy_buffer_to_buffer(step.src.buffer, step.src.offset + step.src_offset,
-                                                  step.dst.buffer, step.dst.offset + step.dst_offset, step.size)
+                    encoder.copy(step.src.buffer, step.src.offset + step.src_offset,
+                                 step.dst.buffer, step.dst.offset + step.dst_offset, step.size)
             elif type(step) is PlannedClear and step.size:
                 encoder.clear_buffer(step.slot.buffer, step.slot.offset + step.offset, step.size)
-        if compute is not None:
-            compute.end()
+        if in_pass:
+            encoder.end_pass()
 
-    def _params(self, device: wgpu.GPUDevice, plan: ChainPlan, taken: list, gas: ChainGas) -> wgpu.GPUBuffer | None:
+    def _params(self, path: HotPath, plan: ChainPlan, taken: list, gas: ChainGas) -> wgpu.GPUBuffer | None:
         """Every step's uniforms in one uniform buffer, each at an aligned
         offset, and the chain's gas cap after them when a step loops."""
         total = 0
@@ -149,18 +181,27 @@ class ChainRunner:
                     packed[at : at + len(data)] = data
         if gas.meters:
             packed[gas.cap_offset : gas.cap_offset + 4] = gas.cap.to_bytes(4, "little")
-        device.queue.write_buffer(u_buf, 0, packed)
+        path.write(u_buf, 0, packed)
         return u_buf
 
     @staticmethod
-    def _fill_temporaries(device: wgpu.GPUDevice, encoder, temporaries: list[Slot]) -> None:
-        """The chain's input is uploaded whole (zero-padded); every other
-        temporary is cleared, since pooled buffers hold earlier bytes."""
+    def _upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
+        """The chain's input (and a step's own bytes) uploaded whole,
+        zero-padded to the bound size; pooled buffers hold earlier bytes."""
         for slot in temporaries:
             if slot.upload is not None:
-                data = bytes(slot.upload) + bytes(slot.size - len(slot.upload))
-                device.queue.write_buffer(slot.buffer, 0, data)
-            else:
+                whole = len(slot.upload) & ~3  # queue writes come in whole words
+                if whole:
+                    path.write(slot.buffer, 0, slot.upload, whole)
+                if whole < slot.size:
+                    path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
+
+    @staticmethod
+    def _clear_temporaries(encoder, temporaries: list[Slot]) -> None:
+        """Every temporary without bytes to start with is cleared in the
+        chain's own submission, before its first step."""
+        for slot in temporaries:
+            if slot.upload is None:
                 encoder.clear_buffer(slot.buffer, 0, slot.size)
 
     def _bind_groups(self, device: wgpu.GPUDevice, step: PlannedStep, u_buf,

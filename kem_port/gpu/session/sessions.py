@@ -24,8 +24,7 @@ import wgpu
 
 from kem_port.errors import KemError, bad_args
 from kem_port.gpu.device import Device
-from kem_port.gpu.wait import wait_for_map
-from kem_port.gpu.wgpu_private import map_for_reading_unsynced
+from kem_port.gpu.hot_path import HotPath
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # a WGSL identifier
 KIND = "session"
@@ -199,7 +198,7 @@ class Sessions:
         self._check_range(buf, offset, length)
         if length == 0:
             return b""
-        return read_back(session.device, self.gpu, [(buf.buffer, offset, length)])[0]
+        return read_back(self.gpu, [(buf.buffer, offset, length)])[0]
 
     def free(self, session: Session, name: str) -> None:
         buf = session.buffer(name)
@@ -215,33 +214,43 @@ class Sessions:
             raise bad_args(f"range {offset}..{offset + length} is outside buffer {buf.name!r} of {buf.size} bytes")
 
 
-def read_back(device: wgpu.GPUDevice, gpu: Device, ranges: list[tuple[wgpu.GPUBuffer, int, int]]) -> list[bytes]:
+def read_back(gpu: Device, ranges: list[tuple[wgpu.GPUBuffer, int, int]]) -> list[bytes]:
     """Copy (buffer, offset, length) ranges into one staging buffer and read them."""
-    encoder = device.create_command_encoder()
-    return finish_and_read(device, gpu, encoder, ranges)
+    path = gpu.hot
+    return finish_and_read(path, gpu, path.encoder(), ranges, gpu.spin_s)
 
 
-def finish_and_read(device: wgpu.GPUDevice, gpu: Device, encoder, ranges: list[tuple[wgpu.GPUBuffer, int, int]]) -> list[bytes]:
-    """Append copies of `ranges` to `encoder`, submit it once, and read them back."""
+def finish_and_read(path: HotPath, gpu: Device, encoder, ranges: list[tuple[wgpu.GPUBuffer, int, int]],
+                    spin_s: float) -> list[bytes]:
+    """Append copies of `ranges` to `encoder` (the hot path's: gpu/hot_path.py),
+    submit it once, and read them back. Through the C API where wgpu-py has
+    it, as the batches and kits are: wgpu-py's map_async hands the wait to
+    its poller thread, whose polls took the device's locks from this thread's
+    submit and map (py-spy on a resident step, lavapipe: 34% of the port's
+    samples in finish_and_read, most in map_async and submit)."""
     pool = gpu.pool
     assert pool is not None
     offsets, total = [], 0
     for _, _, length in ranges:
         offsets.append(total)
         total += -(-length // 256) * 256
-    staging = pool.take("staging", max(total, 4))
+    total = max(total, 4)
+    staging = pool.take("staging", total)
     try:
-        for (buf, offset, length), at in zip(ranges, offsets):
-            if length:
-                encoder.copy_buffer_to_buffer(buf, offset, staging, at, length)
-        device.queue.submit([encoder.finish()])
-        # The batches' wait: spin, then block (a blocking poll alone came
-        # back ~10 ms late on the H200: gpu/wait.py).
-        wait_for_map(device, map_for_reading_unsynced(staging, max(total, 4)), gpu.spin_s)
         try:
-            view = staging.read_mapped(0, max(total, 4), copy=False)
+            for (buf, offset, length), at in zip(ranges, offsets):
+                if length:
+                    encoder.copy(buf, offset, staging, at, length)
+            commands = encoder.finish()
+        except BaseException:
+            encoder.abandon()
+            raise
+        index = path.submit(commands)
+        path.wait(path.map_read(staging, 0, total), spin_s, index)
+        try:
+            view = path.mapped(staging, 0, total)
             return [bytes(view[at : at + length]) for (_, _, length), at in zip(ranges, offsets)]
         finally:
-            staging.unmap()
+            path.unmap(staging)
     finally:
         pool.give("staging", staging)
