@@ -34,7 +34,7 @@
 -define(MAX_STEPS, 256).
 %% dev_kem_run's (the port's MAX_STEP_BUFFERS): a JSON map of more is not read.
 -define(MAX_STEP_BUFFERS, 64).
--define(NAMED, [<<"buffers">>, <<"outputs">>, <<"constants">>]).
+-define(NAMED, [<<"buffers">>, <<"outputs">>, <<"constants">>, <<"grid">>, <<"workgroups">>]).
 
 %% @doc The steps and chain options of a decoded JSON body (`{json,
 %% Map}') or a message's map body (field names kebab-case or snake_case, as
@@ -116,6 +116,8 @@ step(N, Map, Ctx) when is_map(Map) ->
     Fields = snake(N, Map),
     Named = maps:fold(fun(Key, Value, Acc) -> named(N, Key, Value, Ctx, Acc) end, #{},
                       maps:with(?NAMED, Fields)),
+    maps:is_key(grid, Named) andalso maps:is_key(workgroups, Named)
+        andalso bad(N, <<"give grid or workgroups, not both">>),
     Step = maps:fold(fun(Key, Value, Acc) -> field(N, Key, Value, Acc) end, Named, maps:without(?NAMED, Fields)),
     Moves = maps:with([copy, clear], Step),
     case map_size(Moves) of
@@ -128,11 +130,19 @@ step(N, _, _Ctx) -> bad(N, <<"a step must be an object">>).
 %% The general binding model's fields (issue 25), read as `run' reads its
 %% own: `buffers' and `outputs' by dev_kem_run:named/3, `constants' by
 %% dev_kem_opts:dispatch/3 (names WGSL identifiers, numbers typed or as
-%% decimal text, no NaN or infinity, at most 64 of each).
+%% decimal text, no NaN or infinity, at most 64 of each), `grid' and
+%% `workgroups' by dev_kem_opts:triple/3 (`[X, Y, Z]', `"X,Y,Z"', a
+%% message `{1: X, 2: Y, 3: Z}'; each 1..2^32-1).
 named(N, <<"buffers">>, Value, {Origin, Opts}, Acc) ->
     Acc#{buffers => given(N, dev_kem_run:named(buffers, json_bytes(N, Value, Origin), Opts))};
 named(N, <<"outputs">>, Value, {_Origin, Opts}, Acc) ->
     Acc#{outputs => given(N, dev_kem_run:named(outputs, Value, Opts))};
+named(N, Key, Value, {_Origin, Opts}, Acc) when Key =:= <<"grid">>; Key =:= <<"workgroups">> ->
+    Atom = binary_to_existing_atom(Key, utf8),
+    case dev_kem_opts:triple(Atom, Value, Opts) of
+        {ok, Triple} -> Acc#{Atom => Triple};
+        {error, Detail} -> bad(N, bad_args, Detail)
+    end;
 named(N, <<"constants">>, Value, {_Origin, Opts}, Acc) ->
     case dev_kem_opts:dispatch(#{constants => Value}, Opts, #{}) of
         {ok, #{constants := Constants}} -> Acc#{constants => Constants};
@@ -177,14 +187,6 @@ field(_, <<"params">>, Words, Acc) when is_list(Words), Words =/= [] ->
         false -> bad(<<"params must be integers 0..4294967295">>)
     end;
 field(_, <<"output_size">>, Size, Acc) when is_integer(Size), Size >= 0 -> Acc#{output_size => Size};
-field(N, <<"workgroups">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
-                                                 X > 0, Y > 0, Z > 0 ->
-    maps:is_key(grid, Acc) andalso bad(N, <<"give grid or workgroups, not both">>),
-    Acc#{workgroups => {X, Y, Z}};
-field(N, <<"grid">>, [X, Y, Z], Acc) when is_integer(X), is_integer(Y), is_integer(Z),
-                                          X > 0, Y > 0, Z > 0 ->
-    maps:is_key(workgroups, Acc) andalso bad(N, <<"give grid or workgroups, not both">>),
-    Acc#{grid => {X, Y, Z}};
 field(_, <<"entry_point">>, E, Acc) when is_binary(E) -> Acc#{entry_point => E};
 field(_, <<"input">>, Name, Acc) when is_binary(Name) -> Acc#{input => Name};
 field(_, <<"output">>, Name, Acc) when is_binary(Name) -> Acc#{output => Name};

@@ -117,8 +117,11 @@ message_body_two_inputs_then_a_constant() ->
             A = random_words(N), B = random_words(N), K = 2 + rand:uniform(1000),
             Part = #{<<"content-type">> => <<"application/octet-stream">>, <<"body">> => from_words(B)},
             [Add, Times] = steps(from_words(A), Part, N, integer_to_binary(K)),
-            Texts = Times#{<<"outputs">> => #{<<"d">> => integer_to_binary(4 * N)}},
-            ?assertEqual({ok, #{<<"d">> => expected(A, B, K)}}, buffers(message(#{<<"steps">> => [Add, Texts]}))),
+            %% A dispatch as a header gives it ("X,Y,Z"), and as a Lua array arrives (keys 1..3).
+            Texts = Times#{<<"outputs">> => #{<<"d">> => integer_to_binary(4 * N)},
+                           <<"workgroups">> => <<(integer_to_binary((N + 63) div 64))/binary, ", 1, 1">>},
+            Lua = Add#{<<"grid">> => #{<<"1">> => N, <<"2">> => 1, <<"3">> => 1}},
+            ?assertEqual({ok, #{<<"d">> => expected(A, B, K)}}, buffers(message(#{<<"steps">> => [Lua, Texts]}))),
             %% A float constant is refused by the port for a u32 override, naming it.
             assert_refused(400, 2, <<"factor">>,
                            message(#{<<"steps">> => [Add, Times#{<<"constants">> => #{<<"factor">> => 2.5}}]}))
@@ -151,6 +154,12 @@ bad_fields_name_the_step_and_field() ->
     [assert_refused(400, 2, <<"output 'd'">>, Json([Add, Times#{<<"outputs">> => #{<<"d">> => S}}]))
      || S <- [1.5, -4, <<"12a">>, [4], #{<<"x">> => <<"y">>}]],
     assert_refused(400, 2, <<"outputs must be">>, Json([Add, Times#{<<"outputs">> => 64}])),
+    %% Dispatches: three integers 1..2^32-1, one of grid or workgroups.
+    [assert_refused(400, 2, <<"workgroups must be three integers">>, Json([Add, Times#{<<"workgroups">> => W}]))
+     || W <- [[0, 1, 1], [1, 1], <<"a,b,c">>, [1.5, 1, 1], [1 bsl 32, 1, 1]]],
+    assert_refused(400, 2, <<"not both">>, Json([Add, Times#{<<"grid">> => [1, 1, 1]}])),
+    %% A field no step has (a typo) is named, not ignored.
+    assert_refused(400, 2, <<"unknown field bufers">>, Json([Add, Times#{<<"bufers">> => #{}}])),
     %% Both spellings of one field in a step.
     assert_refused(400, 2, <<"twice">>, Json([Add, Times#{<<"kernel-id">> => <<"times">>}])),
     %% 65 buffers in one step: 413, before any is read.
