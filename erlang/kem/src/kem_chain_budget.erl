@@ -137,7 +137,8 @@ looks_by_name(Step) ->
 %% no output of its own, at least the largest buffer the chain holds (it
 %% may bind any of them).
 bound_bytes(Step, StepBytes, Largest) ->
-    case lists:any(fun(K) -> maps:is_key(K, Step) end, [bind, buffers, outputs]) orelse maps:get(output_size, Step, none) =:= 0 orelse StepBytes =:= 0 of
+    ByName = lists:any(fun(K) -> maps:is_key(K, Step) end, [bind, buffers, outputs]),
+    case ByName orelse maps:get(output_size, Step, none) =:= 0 orelse StepBytes =:= 0 of
         true -> max(StepBytes, Largest);
         false -> StepBytes
     end.
