@@ -10,7 +10,7 @@
 %%% reply is `{ok, #{Name => Bytes}}': every output and in/out buffer by
 %%% WGSL name; a looping kernel that passes its budget is
 %%% `{error, {gas_exhausted, Detail}}', its port untouched.
-%%% The call takes kem:call_usage/3's road: argument checks, quarantine,
+%%% The call takes kem:call/3's road: argument checks, quarantine,
 %%% placement, timeout, metrics.
 -module(kem_run).
 
@@ -23,7 +23,10 @@ run(KernelId, Buffers, Opts) when is_binary(KernelId), is_map(Buffers), is_map(O
         error -> {kem:default_timeout(), Opts}
     end,
     case gas_limit_ok(maps:get(gas_limit, PortOpts, 1)) of
-        true -> element(1, kem:call_usage(run, {KernelId, Buffers, PortOpts}, Timeout));
+        %% kem:call/3, not call_usage/3: asking the port for the gas it
+        %% would drop here made every reply an erlang-py encode of
+        %% {Outputs, #{gas => G}} (dev_kem_run asks: its usage is metered).
+        true -> kem:call(run, {KernelId, Buffers, PortOpts}, Timeout);
         false -> {error, {bad_args, <<"gas_limit must be an integer 1..2^63-1 (docs/metering.md)">>}}
     end;
 run(_KernelId, _Buffers, _Opts) ->

@@ -21,7 +21,7 @@ import wgpu
 
 from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.native import NativePath
-from kem_port.gpu.wgpu_private import handle
+from kem_port.gpu.wgpu_private import ErrorCapture, handle
 from kem_port.gpu.named.binding_model import Bound
 from kem_port.gpu.wgsl import wgsl_gas
 
@@ -80,15 +80,13 @@ class NamedKit:
         call's; one kit serves every length that pads to its sizes). Returns
         its returned buffers by WGSL name, and the meter's four words (None:
         unmetered) with ``cap`` loop iterations per invocation."""
-        for buf, data, x in zip(self.buffers, datas, bound):
-            if data is not None:
-                self._write(path, buf, data, x.size)
-        if self.gas is not None:
-            path.write(self.gas[0], 0, cap.to_bytes(4, "little") + bytes(wgsl_gas.CAP_BYTES - 4))
         if isinstance(path, NativePath):
-            commands = self._encode_native(path, pipeline, groups)
+            # One error capture for the writes and the encoding (each native
+            # call in its own cost ~2-5 us on the dev machine); finish and
+            # submit raise what wgpu-native reported before anything runs.
+            commands = path.errors.call(self._encode_native, path, pipeline, bound, datas, groups, cap)
         else:
-            commands = self._encode(path, pipeline, groups)
+            commands = ErrorCapture().call(self._encode, path, pipeline, bound, datas, groups, cap)
         index = path.submit(commands)
         mapping = path.map_read(self.staging, 0, self.staging_size)
         path.wait(mapping, spin_s, index)
@@ -112,9 +110,16 @@ class NamedKit:
         if whole < size:
             path.write(buf, whole, data[whole:] + bytes(size - len(data)))
 
-    def _encode(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, groups: tuple[int, int, int]):
-        """Clear the outputs and the meter, the pass, the copies to staging:
-        the command buffer, through the hot path's encoder (the wrappers)."""
+    def _encode(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], datas: list[bytes | None],
+                groups: tuple[int, int, int], cap: int):
+        """Write the inputs and the gas cap, clear the outputs and the meter,
+        the pass, the copies to staging: the command buffer, through the hot
+        path's encoder (the wrappers)."""
+        for buf, data, x in zip(self.buffers, datas, bound):
+            if data is not None:
+                self._write(path, buf, data, x.size)
+        if self.gas is not None:
+            path.write(self.gas[0], 0, _cap_bytes(cap))
         encoder = path.encoder()
         try:
             for buf, size in self.clears:
@@ -132,15 +137,26 @@ class NamedKit:
             encoder.abandon()
             raise
 
-    def _encode_native(self, path: NativePath, pipeline: wgpu.GPUComputePipeline, groups: tuple[int, int, int]):
+    def _encode_native(self, path: NativePath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound],
+                       datas: list[bytes | None], groups: tuple[int, int, int], cap: int):
         """_encode in bare C calls on handles taken once (as the lone kit
         encodes, gpu/lone_kit.py): the wrappers' encoder cost a 4-byte call
-        ~10 Python calls and 5 error captures. wgpu-native defers encoding
-        errors to finish, which is captured and raised here."""
+        ~10 Python calls and 5 error captures. Run inside one capture
+        (wgpu-native defers encoding errors to finish)."""
         if self.native is None:
             self.native = _Handles(self)
-        lib, ffi, h = path.lib, path.ffi, self.native
-        encoder = path.errors.call(lib.wgpuDeviceCreateCommandEncoder, path.device_handle, path.encoder_desc)
+        lib, ffi, h, queue = path.lib, path.ffi, self.native, path.queue_handle
+        for buf, data, x in zip(h.buffers, datas, bound):
+            if data is not None:
+                whole = len(data) & ~3  # as _write: whole words, then the tail joined to its zeros
+                if whole:
+                    lib.wgpuQueueWriteBuffer(queue, buf, 0, ffi.from_buffer(data), whole)
+                if whole < x.size:
+                    tail = data[whole:] + bytes(x.size - len(data))
+                    lib.wgpuQueueWriteBuffer(queue, buf, whole, ffi.from_buffer(tail), len(tail))
+        if h.cap is not None:
+            lib.wgpuQueueWriteBuffer(queue, h.cap, 0, ffi.from_buffer(_cap_bytes(cap)), wgsl_gas.CAP_BYTES)
+        encoder = lib.wgpuDeviceCreateCommandEncoder(path.device_handle, path.encoder_desc)
         try:
             for buf, size in h.clears:
                 lib.wgpuCommandEncoderClearBuffer(encoder, buf, 0, size)
@@ -153,7 +169,7 @@ class NamedKit:
             lib.wgpuComputePassEncoderRelease(compute)
             for buf, offset, size in h.copies:
                 lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, h.staging, offset, size)
-            return path.errors.call(lib.wgpuCommandEncoderFinish, encoder, path.command_desc)
+            return lib.wgpuCommandEncoderFinish(encoder, path.command_desc)
         finally:
             lib.wgpuCommandEncoderRelease(encoder)
 
@@ -163,12 +179,18 @@ class NamedKit:
             buf.destroy()
 
 
+def _cap_bytes(cap: int) -> bytes:
+    return cap.to_bytes(4, "little") + bytes(wgsl_gas.CAP_BYTES - 4)
+
+
 class _Handles:
     """A kit's native handles (owned by its wgpu-py objects, which it keeps)."""
 
-    __slots__ = ("clears", "copies", "groups", "staging")
+    __slots__ = ("buffers", "cap", "clears", "copies", "groups", "staging")
 
     def __init__(self, kit: NamedKit) -> None:
+        self.buffers = [handle(buf) for buf in kit.buffers]
+        self.cap = None if kit.gas is None else handle(kit.gas[0])
         self.clears = [(handle(buf), size) for buf, size in kit.clears]
         self.copies = [(handle(buf), offset, size) for buf, offset, size in kit.copies]
         self.groups = [(index, handle(group)) for index, group in kit.groups.items()]
