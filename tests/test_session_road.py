@@ -101,3 +101,101 @@ def test_a_large_state_stays_off_the_reader(sport, rng):
     assert moved(sport, before, "inline_session_calls") == (0,)
     assert np.array_equal(np.frombuffer(s.read("acc"), "<u4"), start + 2 * np.resize(step, n))
     s.close()
+
+
+def words(*values: int) -> bytes:
+    return np.array(values, dtype="<u4").tobytes()
+
+
+@pytest.mark.parametrize("rows, cols, kept", [(1, 3, True), (13, 37, True), (40, 100, False)])
+def test_a_repeat_runs_on_its_kit_with_each_calls_bytes(sport, rng, rows, cols, kept):
+    """A chain's shape asked again runs on the kit its first run built: new
+    uniforms, own buffers and input each time, values against numpy. One
+    whose buffers pass a lone call's 64 KiB (40 x 100: b, c, e and c, e
+    read back, 80 KB) is planned every time."""
+    s = sport.session_open()
+    a = rng.integers(0, 2**32, rows * cols, dtype=np.uint32)
+    s.create("a", a.tobytes())
+    before = counters(sport)
+    for _ in range(4):
+        b = rng.integers(0, 2**32, rows * cols, dtype=np.uint32)
+        steps = [{"kernel": "add_grid", "buffers": {"b": b.tobytes(), "shape": words(rows, cols)},
+                  "outputs": {"c": rows * cols * 4}, "grid": (cols, rows, 1)},
+                 {"kernel": "add_grid", "buffers": {"shape": words(rows, cols)}, "bind": {"b": "c", "c": "e"},
+                  "outputs": {"e": rows * cols * 4}, "grid": (cols, rows, 1)}]
+        assert s.chain(steps, returns=["c", "e"]) == {"c": (a + b).tobytes(), "e": (a + a + b).tobytes()}
+    assert moved(sport, before, "chain_kits_built", "chain_kit_runs") == ((1, 4) if kept else (0, 0))
+    # A uniform that changes every call (axpy's k) is packed anew every call.
+    x, y = (rng.integers(0, 2**32, rows * cols, dtype=np.uint32) for _ in range(2))
+    s.create("x", x.tobytes())
+    s.create("y", y.tobytes())
+    for _ in range(3):
+        k = int(rng.integers(1, 2**32))
+        s.call("axpy_named", buffers={"params": words(rows * cols, k)}, grid=(rows * cols, 1, 1))
+        y = y + np.uint32(k) * x
+    assert np.array_equal(np.frombuffer(s.read("y"), "<u4"), y)
+    s.close()
+
+
+def test_outputs_are_cleared_on_every_run_of_a_kit(sport, rng):
+    """add_grid writes c only inside its uniform's shape: a call with fewer
+    rows than the last must read zeros past them, never the last call's sums."""
+    s = sport.session_open()
+    rows, cols = 6, 10
+    a = rng.integers(0, 2**32, rows * cols, dtype=np.uint32)
+    s.create("a", a.tobytes())
+    for live in (rows, 1, rows, 3, 2):
+        b = rng.integers(0, 2**32, rows * cols, dtype=np.uint32)
+        got = s.call("add_grid", buffers={"b": b.tobytes(), "shape": words(live, cols)},
+                     outputs={"c": rows * cols * 4}, grid=(cols, rows, 1))
+        expected = np.where(np.arange(rows * cols) < live * cols, a + b, 0).astype("<u4")
+        assert got == {"c": expected.tobytes()}
+    s.close()
+
+
+def test_a_kit_follows_its_sessions_buffers(sport, rng):
+    """Buffers created or freed since a kit was built: the next call plans
+    anew. An `output` name that was a temporary becomes, once the session
+    has a buffer of that name, that buffer, written in place."""
+    s = sport.session_open()
+    acc = rng.integers(0, 2**32, 64, dtype=np.uint32)
+    s.create("acc", acc.tobytes())
+    step = rng.integers(0, 2**32, 64, dtype=np.uint32)
+    chain = [{"kernel": "accumulate", "output": "o"}]
+    for _ in range(2):
+        acc = acc + step
+        assert s.chain(chain, step.tobytes(), returns=["o"]) == {"o": acc.tobytes()}
+    s.create("o", 64 * 4)
+    acc = acc + step
+    assert s.chain(chain, step.tobytes(), returns=["o"]) == {"o": acc.tobytes()}
+    assert s.read("o") == acc.tobytes()  # the session's own buffer this time
+    s.free("acc")
+    fresh = rng.integers(0, 2**32, 64, dtype=np.uint32)
+    s.create("acc", fresh.tobytes())
+    assert s.chain(chain, step.tobytes(), returns=["o"]) == {"o": (fresh + step).tobytes()}
+    s.close()
+
+
+def test_two_sessions_with_one_shape_never_share_a_kit(sport, rng):
+    sessions = [sport.session_open() for _ in range(2)]
+    states = [rng.integers(0, 2**32, 32, dtype=np.uint32) for _ in sessions]
+    for s, state in zip(sessions, states):
+        s.create("acc", state.tobytes())
+    for _ in range(3):
+        for i, s in enumerate(sessions):
+            step = rng.integers(0, 2**32, 32, dtype=np.uint32)
+            states[i] = states[i] + step
+            assert s.call("accumulate", step.tobytes()) == states[i].tobytes()
+    for s in sessions:
+        s.close()
+
+
+def test_a_changed_kernel_file_is_never_run_from_an_old_kit(tmp_path, rng):
+    kernel = (Path(KERNELS).parent.parent / "kem_port" / "kernels" / "double.wgsl").read_text()
+    (tmp_path / "twice.wgsl").write_text(kernel)
+    with start_port(KEM_KERNEL_DIR=str(tmp_path)) as port:
+        data = rng.integers(0, 2**32, 64, dtype=np.uint32)
+        for _ in range(3):
+            assert port.chain([{"kernel": "twice"}] * 2, input=data.tobytes()) == (data * np.uint32(4)).tobytes()
+        (tmp_path / "twice.wgsl").write_text(kernel.replace("* 2u", "* 3u"))
+        assert port.chain([{"kernel": "twice"}] * 2, input=data.tobytes()) == (data * np.uint32(9)).tobytes()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from concurrent.futures import Executor as Threads
 from typing import Any
 
@@ -23,7 +22,8 @@ from kem_port.gpu.session.chain_steps import AnyStep, Chain, ClearStep, CopyStep
 from kem_port.config import Config
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.pipelines import named_shader
-from kem_port.gpu.session.chain import NotForReader
+from kem_port.gpu.session.chain import READER_INVOCATIONS, NotForReader
+from kem_port.gpu.session.chain_kit import KIT_BYTES, ChainKit
 from kem_port.gpu.session.session_service import SessionService
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
 from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
@@ -88,8 +88,12 @@ class SessionMethods:
     # -- kernels in a session, chains --------------------------------------
 
     def _kernel_method(self, request: ChainRequest) -> None:
-        req_id, method, ref, steps, data, returns, metering = (request.req_id, request.method, request.ref, request.steps,
-                                                               request.data, request.returns, request.metering)
+        req_id, steps = request.req_id, request.steps
+        key = _kit_key(request)
+        kit = self.service.chains.kits.get(key) if key is not None else None
+        if kit is not None and self._fresh(kit):  # a repeat of a kept shape: no resolving, admitting or planning
+            self._submit(req_id, self._chain_work(request, None, key), small=_small_kit(kit))
+            return
         resolver = self.resolver
         remote = [s.kernel_id for s in _kernels(steps) if resolver.resolve_local(s.kernel_id) is None]
         for index, step in enumerate(steps):
@@ -102,14 +106,19 @@ class SessionMethods:
             try:
                 chain_steps = self._steps(steps)
             except StepError as exc:
-                raise _shaped(method, exc) from None
-            work = self._chain_work(method, ref, Chain(chain_steps, data, returns, None, metering.gas_limit), metering.usage)
-            self._submit(req_id, work, small=not later and self._small_chain(ref, steps, chain_steps, data))
+                raise _shaped(request.method, exc) from None
+            small = not later and self._small_chain(request.ref, steps, chain_steps, request.data)
+            self._submit(req_id, self._chain_work(request, chain_steps, key), small=small)
 
         if later:
             self.fetchers.submit(self._answering(req_id, run))
         else:
             run()
+
+    def _fresh(self, kit: ChainKit) -> bool:
+        """Whether every kernel file of a kit still holds the text it was admitted with."""
+        resolve = self.resolver.resolve_local
+        return all((found := resolve(kernel_id)) is not None and found.sha256 == sha for kernel_id, sha in kit.sources.items())
 
     def _steps(self, steps: list) -> tuple[AnyStep, ...]:  # kernels resolved and admitted
         return tuple(self._step(i, s) for i, s in enumerate(steps))
@@ -120,21 +129,28 @@ class SessionMethods:
         return Step(self._source(index, s.kernel_id, s.entry_point, s.constants), s.params, s.workgroups, s.entry_point,
                     s.bind, s.input, s.output, s.output_size, s.grid, s.constants, s.buffers, s.outputs)
 
-    def _chain_work(self, method: str, ref, chain: Chain, usage: bool) -> Work:
-        """The chain (its session looked up when it runs); its answer, with
-        the gas it used beside it when the caller asked (``usage => true``:
-        ``{Result, #{gas => G}}``, the execute road's carrier, docs/metering.md)."""
-        store, chains = self.service.sessions, self.service.chains
+    def _chain_work(self, request: ChainRequest, chain_steps: tuple[AnyStep, ...] | None, key: tuple | None) -> Work:
+        """The chain (its session looked up when it runs): on its shape's kit
+        when one fits, else planned whole (its steps resolved then when
+        `chain_steps` is None); its answer, with the gas it used beside it when the
+        caller asked (``usage => true``: ``{Result, #{gas => G}}``, docs/metering.md)."""
+        store, chains, ref = self.service.sessions, self.service.chains, request.ref
 
         def work(reader: bool) -> Any:
             session = store.get(*ref) if ref is not None else None
             try:
-                result = chains.run(replace(chain, session=session), reader)
+                # Only a repeat tries the kit: a request planned afresh (its kernel's
+                # file changed, say) replaces the kit of its shape.
+                result = chains.run_kit(key, session, request.data, request.steps, reader) if chain_steps is None else None
+                if result is None:
+                    found = chain_steps if chain_steps is not None else self._steps(request.steps)
+                    chain = Chain(found, request.data, request.returns, session, request.metering.gas_limit)
+                    result = chains.run(chain, reader, key)
             except StepError as exc:
-                raise _shaped(method, exc) from None
+                raise _shaped(request.method, exc) from None
             # Buffer names go back as binaries (a str key would become an atom).
             value = {n.encode(): v for n, v in result.value.items()} if isinstance(result.value, dict) else result.value
-            return with_gas(value, result.gas) if usage else value
+            return with_gas(value, result.gas) if request.metering.usage else value
 
         return work
 
@@ -237,6 +253,23 @@ def _shaped(method: str, error: StepError) -> KemError:
     (docs/sessions.md), an admission's refusal too (it came back as a
     step's, #{step => 1, ...})."""
     return KemError(error.reason, error.detail) if method == "session_call" else error
+
+
+def _kit_key(request: ChainRequest) -> tuple | None:
+    """The request's shape (wire/session_protocol.shape_key), or None when
+    its bytes alone pass what a kit may hold (chain_kit.KIT_BYTES)."""
+    given = len(request.data)
+    for s in _kernels(request.steps):
+        given += len(s.params or b"") + (sum(map(len, s.buffers.values())) if s.buffers else 0)
+    if given > KIT_BYTES:
+        return None
+    return (request.method, request.ref, given, len(request.data), request.returns, request.metering.gas_limit,
+            tuple(sp.shape_key(s) for s in request.steps))
+
+
+def _small_kit(kit: ChainKit) -> bool:
+    """A kit short enough for the reader, by the rule _small_chain applies before a plan exists."""
+    return kit.steps <= INLINE_STEPS and kit.invocations <= READER_INVOCATIONS and kit.held + kit.bytes <= SMALL_CALL
 
 
 def _kernels(steps: list) -> list[sp.StepArgs]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
+from kem_port.gpu.constants import set_key
 from kem_port.gpu.session.chain_steps import ClearStep, CopyStep, StepError
 from kem_port.gpu.session.sessions import check_name
 from kem_port.wire import protocol
@@ -52,6 +53,18 @@ class StepArgs:
     constants: tuple[tuple[str, int | float], ...] | None = None  # pipeline constants (gpu/constants.py)
     buffers: dict[str, bytes] = field(default_factory=dict)  # the step's own bytes, by WGSL name
     outputs: dict[str, int] = field(default_factory=dict)  # new buffers by name: their sizes
+
+
+def shape_key(step: StepArgs | CopyStep | ClearStep) -> tuple | CopyStep | ClearStep:
+    """A step's shape: all of it but its bytes' contents (params and its
+    own buffers by length), the key of a chain's kit (gpu/session/chain_kit.py).
+    Constants by set_key: 0.0 and -0.0 are equal in Python, not in WGSL."""
+    if type(step) is not StepArgs:
+        return step  # copy and clear steps: frozen, their fields are their shape
+    return (step.kernel_id, -1 if step.params is None else len(step.params), step.workgroups, step.entry_point,
+            tuple(step.bind.items()), step.input, step.output, step.output_size, step.grid,
+            set_key(step.constants) if step.constants else None,
+            tuple((k, len(v)) for k, v in step.buffers.items()), tuple(step.outputs.items()))
 
 
 def session_ref(value: Any) -> tuple[int, int]:

@@ -14,18 +14,20 @@ submission; the result carries the chain's gas.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import wgpu
 
 from kem_port.gpu import contract
 from kem_port.gpu.session.chain_gas import ChainGas, plan_gas
+from kem_port.gpu.session.chain_kit import ChainKit, ChainKits, keepable, tagged, uniform_size
 from kem_port.gpu.session.chain_plan import Chain, ChainPlan, Planner
 from kem_port.gpu.session.chain_steps import PlannedClear, PlannedCopy, PlannedStep, Slot
 from kem_port.gpu.device import Device
 from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.named.named_run import SMALL_INVOCATIONS
 from kem_port.gpu.session.session_pipelines import SessionPipelines
-from kem_port.gpu.session.sessions import finish_and_read
+from kem_port.gpu.session.sessions import Session, finish_and_read
 from kem_port.gpu.wgsl import wgsl_gas
 from kem_port.stats import Stats
 
@@ -56,11 +58,13 @@ class ChainRunner:
         self.max_temp_bytes = max_temp_bytes
         self.request_bytes = request_bytes
         self.gas_limit = gas_limit  # the node's KEM_GAS_LIMIT: a chain's budget when it gives none
+        self.kits = ChainKits()  # request shapes run again without planning (chain_kit.py)
+        self._kits_device: wgpu.GPUDevice | None = None
 
     def plan(self, chain: Chain) -> ChainPlan:
         return Planner(chain, self.gpu, self.pipelines, self.max_temp_bytes, self.request_bytes).plan()
 
-    def run(self, chain: Chain, reader: bool = False) -> ChainResult:
+    def run(self, chain: Chain, reader: bool = False, key: tuple | None = None) -> ChainResult:
         """Validate every step, then encode, submit and read back once.
 
         On the reader (`reader`: port/session_methods.py) a chain runs only
@@ -69,17 +73,58 @@ class ChainRunner:
         and the caller hands it to the GPU thread. A step's workgroups are
         the caller's word, and one 4-byte session call with workgroups
         {4096, 256, 1} would hold the reader (ping, call_state) for as
-        long as the GPU runs it. Its wait spins as a lone call's there."""
+        long as the GPU runs it. Its wait spins as a lone call's there.
+
+        With a `key` (the request's shape, wire/session_protocol.shape_key)
+        a plan a kit may keep becomes that shape's kit (chain_kit.py), and
+        this run is its first."""
+        if key is not None:
+            chain = tagged(chain)
         plan = self.plan(chain)
         gas = plan_gas(plan, chain.gas_limit, self.gas_limit, self.gpu.storage_align, self.gpu.gas_turns)
         if reader and (gas.meters or sum(count for _, count in gas.launched) > READER_INVOCATIONS):
             raise NotForReader
-        results, meter = self._execute(plan, gas, self.gpu.lone_spin_s if reader else self.gpu.spin_s)
+        spin_s = self.gpu.lone_spin_s if reader else self.gpu.spin_s
+        if key is not None and keepable(plan, gas, chain):
+            self._kits_for(self.gpu.require())
+            kit = ChainKit(self.gpu.require(), chain, plan, gas, self.gpu.uniform_align)
+            self.kits.keep(key, kit)
+            self.stats.inc("chain_kits_built")
+            return self._on_kit(key, kit, chain.input, chain.steps, spin_s)
+        results, meter = self._execute(plan, gas, spin_s)
         self.stats.inc("chain_steps", len(plan.steps))
         used = gas.settle(meter)  # gas_exhausted, naming the step, once the chain has landed
         if not plan.named_result:
             return ChainResult(results[0], used)
         return ChainResult(dict(zip(plan.names, results)), used)
+
+    def run_kit(self, key: tuple, session: Session | None, data: bytes, steps: Any, reader: bool = False) -> ChainResult | None:
+        """A repeat of a kept shape on its kit, with the request's bytes
+        (`steps`: the request's, for their params and buffers); None when
+        no kit of that shape fits the session and device as they are now."""
+        kit = self.kits.get(key)
+        device = self.gpu.device
+        if kit is None or not kit.fits(session, device):
+            return None
+        if reader and kit.invocations > READER_INVOCATIONS:
+            raise NotForReader
+        return self._on_kit(key, kit, data, steps, self.gpu.lone_spin_s if reader else self.gpu.spin_s)
+
+    def _on_kit(self, key: tuple, kit: ChainKit, data: bytes, steps: Any, spin_s: float) -> ChainResult:
+        try:
+            results, gas = kit.run(self.gpu.hot, spin_s, data, steps)
+        except BaseException:
+            self.kits.drop(key)  # its buffers' state is unknown
+            raise
+        self.kits.used(key)
+        self.stats.bump((("chain_steps", kit.steps), ("chain_kit_runs", 1)))
+        return ChainResult(results[0] if kit.names is None else dict(zip(kit.names, results)), gas)
+
+    def _kits_for(self, device: wgpu.GPUDevice) -> None:
+        """A new device: the old one's kits go (their buffers with it)."""
+        if device is not self._kits_device:
+            self.kits.clear()
+            self._kits_device = device
 
     def _execute(self, plan: ChainPlan, gas: ChainGas, spin_s: float) -> tuple[list[bytes], bytes]:
         """Encode, submit and read back on the hot path (gpu/hot_path.py:
@@ -96,10 +141,10 @@ class ChainRunner:
             if gas.meter_bytes:
                 meter_buf = pool.take("session", gas.meter_bytes)
                 taken.append(("session", meter_buf))
-            self._upload_temporaries(path, plan.temporaries)
+            upload_temporaries(path, plan.temporaries)
             encoder = path.encoder()
             try:
-                self._clear_temporaries(encoder, plan.temporaries)
+                clear_temporaries(encoder, plan.temporaries)
                 if meter_buf is not None:  # zeroed in this submission, before the first dispatch
                     encoder.clear_buffer(meter_buf, 0, gas.meter_bytes)
                 self._encode(encoder, plan, u_buf, gas, meter_buf)
@@ -166,7 +211,7 @@ class ChainRunner:
                 step.u_offsets = []
                 for _, _, data in step.uniforms:
                     step.u_offsets.append(total)
-                    total += contract.align(_uniform_size(data), self.gpu.uniform_align)
+                    total += contract.align(uniform_size(data), self.gpu.uniform_align)
         if gas.meters:
             gas.cap_offset = total
             total += contract.align(wgsl_gas.CAP_BYTES, self.gpu.uniform_align)
@@ -184,26 +229,6 @@ class ChainRunner:
         path.write(u_buf, 0, packed)
         return u_buf
 
-    @staticmethod
-    def _upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
-        """The chain's input (and a step's own bytes) uploaded whole,
-        zero-padded to the bound size; pooled buffers hold earlier bytes."""
-        for slot in temporaries:
-            if slot.upload is not None:
-                whole = len(slot.upload) & ~3  # queue writes come in whole words
-                if whole:
-                    path.write(slot.buffer, 0, slot.upload, whole)
-                if whole < slot.size:
-                    path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
-
-    @staticmethod
-    def _clear_temporaries(encoder, temporaries: list[Slot]) -> None:
-        """Every temporary without bytes to start with is cleared in the
-        chain's own submission, before its first step."""
-        for slot in temporaries:
-            if slot.upload is None:
-                encoder.clear_buffer(slot.buffer, 0, slot.size)
-
     def _bind_groups(self, device: wgpu.GPUDevice, step: PlannedStep, u_buf,
                      metered: list[dict] | None) -> list[tuple[int, wgpu.GPUBindGroup]]:
         """The step's bind group of each group its layout has (the gas
@@ -214,16 +239,32 @@ class ChainRunner:
         for group, binding, slot in step.storage:
             entries[group].append(_entry(binding, slot.buffer, slot.offset, slot.size))
         for (group, binding, data), at in zip(step.uniforms, step.u_offsets):
-            entries[group].append(_entry(binding, u_buf, at, _uniform_size(data)))
+            entries[group].append(_entry(binding, u_buf, at, uniform_size(data)))
         return [(group, self.pipelines.bind_group(device, step.pipeline, found, group)) for group, found in entries.items()]
+
+
+def upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
+    """The chain's input (and a step's own bytes) uploaded whole,
+    zero-padded to the bound size; pooled buffers hold earlier bytes."""
+    for slot in temporaries:
+        if slot.upload is not None:
+            whole = len(slot.upload) & ~3  # queue writes come in whole words
+            if whole:
+                path.write(slot.buffer, 0, slot.upload, whole)
+            if whole < slot.size:
+                path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
+
+
+def clear_temporaries(encoder, temporaries: list[Slot]) -> None:
+    """Every temporary without bytes to start with is cleared in the
+    chain's own submission, before its first step."""
+    for slot in temporaries:
+        if slot.upload is None:
+            encoder.clear_buffer(slot.buffer, 0, slot.size)
 
 
 def _entry(binding: int, buffer: wgpu.GPUBuffer, offset: int, size: int) -> dict:
     return {"binding": binding, "resource": {"buffer": buffer, "offset": offset, "size": size}}
-
-
-def _uniform_size(params: bytes) -> int:
-    return max(contract.align(len(params), contract.UNIFORM_ALIGN), contract.MIN_UNIFORM_BYTES)
 
 
 def pad_copy(slot: Slot) -> int:

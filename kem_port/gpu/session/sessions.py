@@ -65,6 +65,9 @@ class Session:
     quota: int
     device: wgpu.GPUDevice
     buffers: dict[str, SessionBuffer] = field(default_factory=dict)
+    # Counts creates and frees: a chain's kit (gpu/session/chain_kit.py) runs
+    # only on the buffers it was planned with (a new name can change a binding).
+    generation: int = 0
 
     @property
     def bytes(self) -> int:
@@ -137,6 +140,7 @@ class Sessions:
                     buf.buffer.destroy()
         with self._lock:
             session.buffers.clear()
+            session.generation += 1
 
     def describe(self) -> dict[str, int]:
         with self._lock:
@@ -166,6 +170,7 @@ class Sessions:
             queue.submit([encoder.finish()])
         with self._lock:
             session.buffers[name] = SessionBuffer(name, size, buf)
+            session.generation += 1
 
     def reserve(self, session: Session, size: int) -> None:
         """Refuse `size` more bytes over the binding limit or either quota."""
@@ -204,6 +209,7 @@ class Sessions:
         buf = session.buffer(name)
         with self._lock:
             del session.buffers[name]
+            session.generation += 1
         self.give(buf.buffer)
 
     @staticmethod
