@@ -252,8 +252,12 @@ def test_call_state_says_running_for_a_long_run_and_queued_behind_it(port):
     run(port, "spin", {"input": spin_input(1, 7)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))  # admitted
     opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
     ids = port.next_req_ids(2)
-    frames = [port.call_raw_frame(terms.encode(port._request(r, "run", (b"spin", {b"input": spin_input(20000, r)}, opts), 600_000)), [r])[0]
-              for r in ids]
+    frames = []
+    for r in ids:  # the second once the first runs: queued together, they would run together (gpu_loop._gather)
+        frames.append(port.call_raw_frame(terms.encode(port._request(r, "run", (b"spin", {b"input": spin_input(20000, r)}, opts), 600_000)), [r])[0])
+        deadline = time.monotonic() + 30
+        while _state(port, ids[0]) != "running" and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep(0.2)
     assert [_state(port, r) for r in ids] == ["running", "queued"]
     for f in frames:

@@ -2,12 +2,11 @@
 back to back, each encoded while the one before it is on the GPU.
 
 The batch size is learned from what landed batches cost (batching.py,
-from ``Flight.cost()``). One exception to the hand-off: a small call to a
-compiled kernel that arrives while the GPU is idle, nothing is queued and
-no other frame is waiting in the pipe runs on the reader thread itself
-(port/lone_call.py, through :meth:`GpuLoop.run_held`). Waking the GPU thread cost ~400 us of a
-~900 us small call on lavapipe (docs/executor.md); under load the pipe is
-never empty, so calls still queue and batch.
+from ``Flight.cost()``). A small call to a compiled kernel that arrives
+while the GPU is idle, with nothing queued or waiting in the pipe, runs on
+the reader thread itself (port/lone_call.py, :meth:`GpuLoop.run_held`):
+waking the GPU thread cost ~400 us of a ~900 us small call on lavapipe
+(docs/executor.md). Under load calls queue and batch.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ log = logging.getLogger("kem_port.gpu_loop")
 Control = Callable[[Executor], None]
 BATCH_BYTES = 64 << 20  # of input or output, whichever is larger, per batch
 SMALL_CALL = 64 << 10  # batches of calls this small teach the batch sizer
+GATHER = 64  # calls by named buffers of one kernel run in one submission (_gather)
 
 
 class QueueFull(Exception):
@@ -58,6 +58,7 @@ class GpuLoop:
         # whole, never changed in place, so the reader reads it without a lock.
         self._on_gpu = OnGpu()
         self._control_tag: object = None
+        self._control_tags: frozenset = frozenset()  # a gathered action's calls (_gather)
         # The tag of the call the reader runs inline now (the reader's
         # lone road, lone_call.py), set without a lock: one store each way.
         self.inline_tag: object = None
@@ -84,7 +85,7 @@ class GpuLoop:
         ("queued", calls ahead of it), or None when it is in neither."""
         if tag is None:
             return None
-        if tag == self.inline_tag or tag == self._control_tag:
+        if tag == self.inline_tag or tag == self._control_tag or tag in self._control_tags:
             return "running", 0
         if (where := self._on_gpu.where(tag)) is not None:
             return where
@@ -150,7 +151,7 @@ class GpuLoop:
                 self._land(flight)
                 flight = None
                 self._on_gpu = OnGpu()
-                self._run_control(control)
+                self._run_control(_gather(self.queue, control))
             item = self._next_nowait()
 
     def _batch_from(self, item: Job | Control | None) -> tuple[list[Job], Control | None]:
@@ -214,12 +215,37 @@ class GpuLoop:
 
     def _run_control(self, control: Control) -> None:
         self._control_tag = getattr(control, "tag", None)
+        self._control_tags = getattr(control, "tags", frozenset())
         try:
             control(self.executor)
         except Exception:
             log.exception("control action failed")
         finally:
             self._control_tag = None
+            self._control_tags = frozenset()
+
+
+def _gather(q: queue.Queue, control: Control) -> Control:
+    """The control action and those queued right behind it with its gather
+    key (named calls of one kernel: port/run_methods.NamedRun), as one
+    action (one submission); up to GATHER, under one lock as _take_batch."""
+    key = getattr(control, "gather_key", None)
+    if key is None:
+        return control
+    taken = [control]
+    with q.mutex:
+        while len(taken) < GATHER and q._qsize() and getattr(q.queue[0], "gather_key", None) == key:
+            taken.append(q._get())
+        if len(taken) > 1:
+            q.not_full.notify(len(taken) - 1)
+    if len(taken) == 1:
+        return control
+
+    def together(executor: Executor) -> None:
+        control.gather(executor, taken)
+
+    together.tags = frozenset(c.tag for c in taken)  # type: ignore[attr-defined]  # state_of: each is running
+    return together
 
 
 def _put_all(q: queue.Queue, jobs: list[Job]) -> list[Job]:

@@ -14,12 +14,13 @@ call_state unanswered meanwhile) before that bound.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 
 from kem_port.admission.guard import CompileGuard
-from kem_port.errors import KemError
+from kem_port.errors import KemError, internal
 from kem_port.gpu.executor import Executor
 from kem_port.gpu.named.named_gas import NamedOutputs
 from kem_port.kernel_store import KernelResolver, KernelSource
@@ -29,6 +30,8 @@ from kem_port.port.gpu_loop import GpuLoop, QueueFull
 from kem_port.port.replies import Replies, with_gas
 from kem_port.wire import terms
 from kem_port.wire.run_requests import RunRequest
+
+log = logging.getLogger("kem_port.run")
 
 
 class RunMethods:
@@ -68,36 +71,67 @@ class RunMethods:
             return self.guard.admit_for_session(source, call.entry_point, call.constants, gas=True)
 
     def _queue(self, request: RunRequest, source: KernelSource) -> None:
-        req_id, call, share, usage = request.req_id, request.call, request.call.batch_bytes, request.usage
-        self.budget.take(share)  # KemError overloaded: answered by the caller's `answering`
-        replies, budget = self.replies, self.budget
-
-        deadline, queued = request.deadline, time.perf_counter()
-
-        def run(executor: Executor) -> None:
-            try:
-                if deadline is not None and time.monotonic() > deadline:  # as gpu_loop expires execute's jobs
-                    waited = (time.perf_counter() - queued) * 1000
-                    replies.error(req_id, KemError("timeout", f"waited {waited:.0f} ms in the port's queue; "
-                                                               "the call's deadline passed before the GPU started it"))
-                    return
-                replies.answering(req_id, lambda: _answer(replies, req_id, executor.named.run(source, call), usage))
-            finally:
-                budget.give(share)
-
-        run.tag = req_id  # type: ignore[attr-defined]  # call_state: queued or running (gpu_loop.state_of)
+        self.budget.take(request.call.batch_bytes)  # KemError overloaded: answered by the caller's `answering`
+        run = NamedRun(request, source, self.replies, self.budget)
         # As short as a lone kem@1.0 call (NamedRuns.small: bounded work, no
         # loop): run on the reader when the GPU thread is idle, as that call
         # is; waking the GPU thread doubled a 4-byte call from Erlang on
         # lavapipe (1003 against 434 us p50, scripts/bench quick).
-        if not self.input_waiting() and self.loop.executor.named.small(source, call) and self.loop.run_control_inline(run):
+        if not self.input_waiting() and self.loop.executor.named.small(source, request.call) and self.loop.run_control_inline(run):
             self.replies.stats.inc("inline_named_calls")
             return
         try:
             self.loop.put(run)
         except QueueFull:
-            budget.give(share)
+            self.budget.give(request.call.batch_bytes)
             raise KemError("overloaded", "the GPU queue is full") from None
+
+
+class NamedRun:
+    """One queued call by named buffers, a control action of the GPU loop.
+    Calls of one kernel and entry point queued behind each other share a
+    gather key: the loop takes them together and runs them in one
+    submission (gather, gpu/named/named_batch.py)."""
+
+    __slots__ = ("request", "source", "replies", "budget", "queued", "tag", "gather_key")
+
+    def __init__(self, request: RunRequest, source: KernelSource, replies: Replies, budget: WorkBudget) -> None:
+        self.request, self.source, self.replies, self.budget = request, source, replies, budget
+        self.queued = time.perf_counter()
+        self.tag = request.req_id  # call_state: queued or running (gpu_loop.state_of)
+        self.gather_key = ("run", source.sha256, request.call.entry_point)
+
+    def __call__(self, executor: Executor) -> None:
+        NamedRun.gather(executor, [self])
+
+    @staticmethod
+    def gather(executor: Executor, runs: list[NamedRun]) -> None:
+        """Answer each: a timeout for one whose deadline passed in the queue
+        (as gpu_loop expires execute's jobs), else its outputs or error."""
+        now, live = time.monotonic(), []
+        try:
+            for run in runs:
+                deadline = run.request.deadline
+                if deadline is not None and now > deadline:
+                    waited = (time.perf_counter() - run.queued) * 1000
+                    run.replies.error(run.request.req_id, KemError(
+                        "timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it"))
+                else:
+                    live.append(run)
+            try:
+                results = executor.named.run_many([(run.source, run.request.call) for run in live]) if live else []
+            except Exception:  # a bug must not leave a caller waiting
+                log.exception("named calls failed")
+                results = [internal()] * len(live)
+            for run, result in zip(live, results):
+                req_id = run.request.req_id
+                if isinstance(result, KemError):
+                    run.replies.error(req_id, result)
+                else:
+                    run.replies.answering(req_id, lambda: _answer(run.replies, req_id, result, run.request.usage))
+        finally:
+            for run in runs:
+                run.budget.give(run.request.call.batch_bytes)
 
 
 def _answer(replies: Replies, req_id: int, outputs: NamedOutputs, usage: bool) -> None:

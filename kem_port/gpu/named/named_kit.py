@@ -90,6 +90,11 @@ class NamedKit:
         index = path.submit(commands)
         mapping = path.map_read(self.staging, 0, self.staging_size)
         path.wait(mapping, spin_s, index)
+        return self.read(path, bound)
+
+    def read(self, path: HotPath, bound: list[Bound]) -> tuple[dict[str, bytes], tuple[int, ...] | None]:
+        """The returned buffers by name and the meter's words, off the mapped
+        staging buffer, which is then unmapped."""
         try:
             view = path.mapped(self.staging, 0, self.staging_size)
             returned = {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
@@ -143,12 +148,32 @@ class NamedKit:
         encodes, gpu/lone_kit.py): the wrappers' encoder cost a 4-byte call
         ~10 Python calls and 5 error captures. Run inside one capture
         (wgpu-native defers encoding errors to finish)."""
+        self.write_native(path, bound, datas, cap)
+        lib = path.lib
+        encoder = lib.wgpuDeviceCreateCommandEncoder(path.device_handle, path.encoder_desc)
+        try:
+            self.clear_native(lib, encoder)
+            compute = lib.wgpuCommandEncoderBeginComputePass(encoder, path.pass_desc)
+            self.dispatch_native(path, compute, pipeline, groups)
+            lib.wgpuComputePassEncoderEnd(compute)
+            lib.wgpuComputePassEncoderRelease(compute)
+            self.copy_native(lib, encoder)
+            return lib.wgpuCommandEncoderFinish(encoder, path.command_desc)
+        finally:
+            lib.wgpuCommandEncoderRelease(encoder)
+
+    # The parts of a native call, for one call (above) or many in one
+    # submission (named_batch.py); each runs inside the caller's capture.
+
+    def write_native(self, path: NativePath, bound: list[Bound], datas: list[bytes | None], cap: int) -> None:
+        """Queue writes of the call's bytes (as _write: whole words, then the
+        tail joined to its zeros) and the gas cap."""
         if self.native is None:
             self.native = _Handles(self)
         lib, ffi, h, queue = path.lib, path.ffi, self.native, path.queue_handle
         for buf, data, x in zip(h.buffers, datas, bound):
             if data is not None:
-                whole = len(data) & ~3  # as _write: whole words, then the tail joined to its zeros
+                whole = len(data) & ~3
                 if whole:
                     lib.wgpuQueueWriteBuffer(queue, buf, 0, ffi.from_buffer(data), whole)
                 if whole < x.size:
@@ -156,22 +181,22 @@ class NamedKit:
                     lib.wgpuQueueWriteBuffer(queue, buf, whole, ffi.from_buffer(tail), len(tail))
         if h.cap is not None:
             lib.wgpuQueueWriteBuffer(queue, h.cap, 0, ffi.from_buffer(_cap_bytes(cap)), wgsl_gas.CAP_BYTES)
-        encoder = lib.wgpuDeviceCreateCommandEncoder(path.device_handle, path.encoder_desc)
-        try:
-            for buf, size in h.clears:
-                lib.wgpuCommandEncoderClearBuffer(encoder, buf, 0, size)
-            compute = lib.wgpuCommandEncoderBeginComputePass(encoder, path.pass_desc)
-            lib.wgpuComputePassEncoderSetPipeline(compute, handle(pipeline))
-            for index, group in h.groups:
-                lib.wgpuComputePassEncoderSetBindGroup(compute, index, group, 0, ffi.NULL)
-            lib.wgpuComputePassEncoderDispatchWorkgroups(compute, *groups)
-            lib.wgpuComputePassEncoderEnd(compute)
-            lib.wgpuComputePassEncoderRelease(compute)
-            for buf, offset, size in h.copies:
-                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, h.staging, offset, size)
-            return lib.wgpuCommandEncoderFinish(encoder, path.command_desc)
-        finally:
-            lib.wgpuCommandEncoderRelease(encoder)
+
+    def clear_native(self, lib, encoder) -> None:
+        for buf, size in self.native.clears:
+            lib.wgpuCommandEncoderClearBuffer(encoder, buf, 0, size)
+
+    def dispatch_native(self, path: NativePath, compute, pipeline: wgpu.GPUComputePipeline, groups: tuple[int, int, int]) -> None:
+        lib, null = path.lib, path.ffi.NULL
+        lib.wgpuComputePassEncoderSetPipeline(compute, handle(pipeline))
+        for index, group in self.native.groups:
+            lib.wgpuComputePassEncoderSetBindGroup(compute, index, group, 0, null)
+        lib.wgpuComputePassEncoderDispatchWorkgroups(compute, *groups)
+
+    def copy_native(self, lib, encoder) -> None:
+        h = self.native
+        for buf, offset, size in h.copies:
+            lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, h.staging, offset, size)
 
     def release(self) -> None:
         self.live = False

@@ -32,6 +32,13 @@ class NamedPlan:
     groups: tuple[int, int, int]
     slot: gas_meter.GasSlot | None
     invocations: int
+    layouts: dict  # its pipeline's bind group layouts, by group: a replica kit is made on them (named_batch.py)
+    gas_group: int | None
+    shape: tuple  # its kit's key (named_run.NamedRuns._kit)
+
+    @property
+    def cap(self) -> int:
+        return self.slot.cap if self.slot else 0
 
     def datas(self, call: NamedCall) -> list[bytes | None]:
         """This call's bytes in binding order (same signature: same keys)."""

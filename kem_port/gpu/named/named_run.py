@@ -28,26 +28,25 @@ from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.device import Device
 from kem_port.gpu import gas_meter
 from kem_port.gpu.dispatch import plan_dispatch
-from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Bound, Limits, NamedCall, check_sizes, plan_bindings
+from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Limits, NamedCall, check_sizes, plan_bindings
 from kem_port.gpu.named import named_gas
 from kem_port.gpu.named.named_gas import NamedOutputs
+from kem_port.gpu.named.named_batch import run_together
 from kem_port.gpu.named.named_kit import NamedKit
+from kem_port.gpu.named.named_kits import KIT_BYTES, NamedKits
+from kem_port.gpu.native import NativePath
+from kem_port.gpu.named.named_pipelines import PIPELINES, NamedPipelines
 from kem_port.gpu.named.named_plan import PLANS, NamedPlan, given_keys, signature
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
-from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
+from kem_port.gpu.pipelines import gpu_message
 from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
 from kem_port.gpu.session.chain_budget import ChainBudget
-from kem_port.gpu.wgpu_private import ErrorCapture
 from kem_port.gpu.wgsl.wgsl_reflect import KernelShape, reflect
 from kem_port.kernel_store import KernelSource
 from kem_port.stats import Stats
 
-PIPELINES = 64  # kernels kept compiled (a pipeline and its layouts: ~KBs of host memory each)
-KITS = 16  # call shapes kept with their buffers (named_kit.py)
 SMALL_BYTES = 64 << 10  # a lone kem@1.0 call's bytes (port/gpu_loop.SMALL_CALL)
 SMALL_INVOCATIONS = SMALL_BYTES // 4  # what kem's 1-D rule dispatches for a 64 KiB output
-KIT_BYTES = 4 << 20  # a shape's buffers up to this are kept: at most 64 MiB in all
-_TYPES = {"input": "read-only-storage", "output": "storage", "inout": "storage", "uniform": "uniform"}
 
 
 class NamedRuns:
@@ -56,15 +55,78 @@ class NamedRuns:
     def __init__(self, gpu: Device, stats: Stats) -> None:
         self.gpu, self.stats = gpu, stats
         self._device: wgpu.GPUDevice | None = None
-        self._pipelines: OrderedDict[tuple, tuple] = OrderedDict()
+        self._pipelines = NamedPipelines(stats)  # per kernel, entry point and constants set (named_pipelines.py)
         self._shapes: dict[str, KernelShape] = {}
-        self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()  # per call shape (named_kit.py)
+        self._kits = NamedKits()  # per call shape, and replicas for batches (named_kits.py)
         self._plans: OrderedDict[tuple, NamedPlan] = OrderedDict()  # per call signature (named_plan.py)
         self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
 
     def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
         """The call's returned buffers by WGSL name, with its gas (.gas).
         Raises KemError (gas_exhausted: a looping kernel passed its budget)."""
+        plan = self._plan_of(source, call)
+        result, words = self._dispatch(plan, plan.datas(call), plan.shape[:3])
+        return named_gas.outputs(result, words, plan.slot, plan.invocations)
+
+    def run_many(self, items: list[tuple[KernelSource, NamedCall]]) -> list[NamedOutputs | KemError]:
+        """Calls queued together (port/gpu_loop.py gathers those of one
+        kernel and entry point) in one submission (named_batch.py): each
+        call's outputs, or the KemError that answers it."""
+        if len(items) == 1 or not isinstance(self.gpu.hot, NativePath):  # the wrappers: one submission each
+            return [self._answer(source, call) for source, call in items]
+        results: list[NamedOutputs | KemError | None] = [None] * len(items)
+        together: list[tuple[int, NamedPlan, NamedKit, list]] = []
+        taken: dict[int, int] = {}  # kit id -> calls of this batch on that shape so far
+        for i, (source, call) in enumerate(items):
+            try:
+                plan = self._plan_of(source, call)
+            except KemError as exc:
+                results[i] = exc
+                continue
+            if plan.kit.bytes > KIT_BYTES:  # a kit made for this call alone (and released after it)
+                results[i] = self._answer_plan(plan, call)
+                continue
+            n = taken[id(plan.kit)] = taken.get(id(plan.kit), -1) + 1
+            kit = plan.kit if n == 0 else self._kits.replica(self._device, plan, n)
+            if kit is not None:
+                together.append((i, plan, kit, plan.datas(call)))
+        self._run_together(together, results)
+        return [self._answer(*items[i]) if r is None else r for i, r in enumerate(results)]  # no kit to spare: alone
+
+    def _answer(self, source: KernelSource, call: NamedCall) -> NamedOutputs | KemError:
+        try:
+            return self.run(source, call)
+        except KemError as exc:
+            return exc
+
+    def _answer_plan(self, plan: NamedPlan, call: NamedCall) -> NamedOutputs | KemError:
+        try:
+            result, words = self._dispatch(plan, plan.datas(call), plan.shape[:3])
+            return named_gas.outputs(result, words, plan.slot, plan.invocations)
+        except KemError as exc:
+            return exc
+
+    def _run_together(self, together: list, results: list) -> None:
+        if not together:
+            return
+        runs = [(kit, plan.pipeline, plan.bound, datas, plan.groups, plan.cap) for _, plan, kit, datas in together]
+        try:
+            outs = run_together(self.gpu.hot, runs, self.gpu.lone_spin_s)
+        except wgpu.GPUError as exc:
+            error = KemError("gpu_error", gpu_message(exc))
+            for i, plan, _, _ in together:
+                self._kits.drop(plan.shape[:3])  # their state is unknown
+                results[i] = error
+            return
+        for (i, plan, _, _), (result, words) in zip(together, outs):
+            try:
+                results[i] = named_gas.outputs(result, words, plan.slot, plan.invocations)
+            except KemError as exc:  # gas_exhausted: this call's, not its batch-mates'
+                results[i] = exc
+        self.stats.bump((("named_calls", len(together)), ("named_batches", 1),
+                         ("bytes_out", sum(len(b) for r in outs for b in r[0].values()))))
+
+    def _plan_of(self, source: KernelSource, call: NamedCall) -> NamedPlan:
         device = self.gpu.require()
         if device is not self._device:  # a new device: the old one's pipelines, kits and plans go
             self._pipelines.clear()
@@ -74,12 +136,10 @@ class NamedRuns:
         key = signature(source.sha256, call)
         plan = self._plans.get(key)
         if plan is None or not plan.kit.live:
-            plan = self._plan(device, source, call, key)
-        else:
-            self._plans.move_to_end(key)
-            self.stats.inc("pipeline_hits")
-        result, words = self._dispatch(plan, plan.datas(call), (source.sha256, call.entry_point, _set(call)))
-        return named_gas.outputs(result, words, plan.slot, plan.invocations)
+            return self._plan(device, source, call, key)
+        self._plans.move_to_end(key)
+        self.stats.inc("pipeline_hits")
+        return plan
 
     def _plan(self, device: wgpu.GPUDevice, source: KernelSource, call: NamedCall, key: tuple) -> NamedPlan:
         """Every check of a call of this signature, and what it runs on
@@ -102,14 +162,17 @@ class NamedRuns:
         # The caller's dispatch, bounded as a chain step's is (chain_budget.py):
         # each dimension alone within the device's limit is not a bound on work.
         ChainBudget(self.gpu.config.max_output_bytes).add_dispatch(entry, groups)
-        pipeline, layouts, gas_group = self._pipeline(device, source, call, bound, pipeline_constants(shape, call.constants), limits)
+        pipeline, layouts, gas_group = self._pipelines.get(device, source, call.entry_point, _set(call), bound,
+                                                           pipeline_constants(shape, call.constants), limits)
         # A looping kernel's budget, spread over its invocations as on the
         # execute road: gas_exhausted before launch when it cannot cover them.
         slot = None if gas_group is None else gas_meter.slot_for(call.gas_limit or self.gpu.config.gas_limit, entry, groups, self.gpu.gas_turns)
         if slot is None and call.gas_limit is not None:  # loop-free: its gas is what it launches (as execute's)
             gas_meter.per_invocation_cap(call.gas_limit, gas_meter.invocations(entry, groups), self.gpu.gas_turns)
-        kit = self._kit(device, layouts, bound, (source.sha256, call.entry_point, _set(call)), gas_group)
-        plan = NamedPlan(pipeline, kit, bound, given_keys(bound, call), groups, slot, gas_meter.invocations(entry, groups))
+        shape = (source.sha256, call.entry_point, _set(call)) + tuple((x.binding.group, x.binding.binding, x.role, x.size) for x in bound)
+        kit = self._kits.get(device, layouts, bound, shape, gas_group)
+        plan = NamedPlan(pipeline, kit, bound, given_keys(bound, call), groups, slot, gas_meter.invocations(entry, groups),
+                         layouts, gas_group, shape)
         if kit.bytes <= KIT_BYTES:
             self._plans[key] = plan
             while len(self._plans) > PLANS:
@@ -149,7 +212,8 @@ class NamedRuns:
         shape = self._shape(source)
         limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
         bound = plan_bindings(shape, call, limits, self._used(source, call.entry_point))
-        self._pipeline(self.gpu.require(), source, call, bound, pipeline_constants(shape, call.constants), limits)
+        self._pipelines.get(self.gpu.require(), source, call.entry_point, _set(call), bound,
+                            pipeline_constants(shape, call.constants), limits)
 
     def _used(self, source: KernelSource, entry: str) -> set[str] | None:
         """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
@@ -169,80 +233,17 @@ class NamedRuns:
                 self._shapes.pop(next(iter(self._shapes)))
         return shape
 
-    def _pipeline(self, device: wgpu.GPUDevice, source: KernelSource, call: NamedCall, bound: list[Bound],
-                  constants: dict[str, float], limits: Limits) -> tuple:
-        """(pipeline, layouts, the gas meter's group or None) of the kernel's gas form, compiled once per key."""
-        entry = call.entry_point
-        key = (source.sha256, entry, _set(call))  # each constants set is its own pipeline
-        found = self._pipelines.get(key)
-        if found is not None:
-            self._pipelines.move_to_end(key)
-            self.stats.inc("pipeline_hits")
-            return found
-        text, gas_group = named_gas.gas_text(source)  # every loop counted (gpu/wgsl/wgsl_gas.py)
-        if gas_group is not None:
-            named_gas.check_room(bound, limits)
-        errors = ErrorCapture()
-        try:
-            module = errors.call(lambda: device.create_shader_module(code=text, label=source.kernel_id))
-        except wgpu.GPUError as exc:
-            raise KemError("shader_error", named_shader(gpu_message(exc), source.kernel_id)) from None
-        try:
-            layouts = errors.call(self._layouts, device, bound, gas_group)
-            pipeline = errors.call(lambda: device.create_compute_pipeline(
-                layout=device.create_pipeline_layout(bind_group_layouts=list(layouts.values())),
-                compute=compute_stage(module, entry, constants)))
-        except wgpu.GPUError as exc:
-            raise KemError("bad_kernel", gpu_message(exc)) from None
-        self.stats.inc("compiles")
-        self._pipelines[key] = found = (pipeline, layouts, gas_group)
-        while len(self._pipelines) > PIPELINES:
-            self._pipelines.popitem(last=False)
-        return found
-
-    @staticmethod
-    def _layouts(device: wgpu.GPUDevice, bound: list[Bound], gas_group: int | None) -> dict[int, wgpu.GPUBindGroupLayout]:
-        """One layout per group 0..the highest used, the gas group's holding
-        the cap and meter (an unused group gets an empty one, as WebGPU requires)."""
-        top = max([x.binding.group for x in bound] + ([gas_group] if gas_group is not None else []))
-        return {
-            group: device.create_bind_group_layout(entries=gas_meter.layout_entries() if group == gas_group else [
-                {"binding": x.binding.binding, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": _TYPES[x.role]}}
-                for x in bound if x.binding.group == group
-            ])
-            for group in range(top + 1)
-        }
-
     def _dispatch(self, plan: NamedPlan, datas: list[bytes | None], key: tuple) -> tuple[dict[str, bytes], tuple | None]:
         kit = plan.kit
         try:  # wgpu-native's errors are captured and raised inside (named_kit.py)
-            result, words = kit.run(self.gpu.hot, plan.pipeline, plan.bound, datas, plan.groups,
-                                    self.gpu.lone_spin_s, plan.slot.cap if plan.slot else 0)
+            result, words = kit.run(self.gpu.hot, plan.pipeline, plan.bound, datas, plan.groups, self.gpu.lone_spin_s, plan.cap)
         except wgpu.GPUError as exc:
-            self._drop(key)  # its state is unknown
+            self._kits.drop(key)  # its state is unknown
             raise KemError("gpu_error", gpu_message(exc)) from None
         if kit.bytes > KIT_BYTES:
             kit.release()  # a large shape is not kept: at most KITS x KIT_BYTES of buffers stay
         self.stats.bump((("named_calls", 1), ("bytes_out", sum(map(len, result.values())))))
         return result, words
-
-    def _kit(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], key: tuple, gas_group: int | None) -> NamedKit:
-        shape = key + tuple((x.binding.group, x.binding.binding, x.role, x.size) for x in bound)
-        kit = self._kits.get(shape)
-        if kit is not None:
-            self._kits.move_to_end(shape)
-            return kit
-        kit = NamedKit(device, layouts, bound, gas_group)
-        if kit.bytes <= KIT_BYTES:
-            self._kits[shape] = kit
-            while len(self._kits) > KITS:
-                self._kits.popitem(last=False)[1].release()
-        return kit
-
-    def _drop(self, key: tuple) -> None:
-        for shape in [s for s in self._kits if s[: len(key)] == key]:
-            self._kits.pop(shape).release()
-
 
 def _set(call: NamedCall) -> tuple | None:
     """A call's constants set as a key (gpu/constants.set_key: -0.0 is not 0.0)."""

@@ -1,0 +1,68 @@
+"""The kits of named-buffer calls (named_kit.py), kept per call shape.
+
+A shape's kit holds its buffers, bind groups and staging: up to KITS
+shapes of up to KIT_BYTES each stay (64 MiB at most); a larger shape's kit
+is made for its call and released after it. A batch (named_batch.py) that
+holds two calls of one shape needs a second kit for the second: a replica,
+kept for small shapes only (REPLICAS of up to REPLICA_BYTES: 4 MiB at
+most); a call with none to spare runs alone.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import wgpu
+
+from kem_port.gpu.named.binding_model import Bound
+from kem_port.gpu.named.named_kit import NamedKit
+from kem_port.gpu.named.named_plan import NamedPlan
+
+KITS = 16  # call shapes kept with their buffers
+KIT_BYTES = 4 << 20  # a shape's buffers up to this are kept: at most 64 MiB in all
+REPLICAS = 64  # extra kits for calls of one shape in one batch
+REPLICA_BYTES = 64 << 10  # ... each of a shape this small: at most 4 MiB in all
+
+
+class NamedKits:
+    def __init__(self) -> None:
+        self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()
+        self._replicas: OrderedDict[tuple, NamedKit] = OrderedDict()
+
+    def clear(self) -> None:
+        """Forget every kit (a new device: the old one's buffers go with it)."""
+        self._kits.clear()
+        self._replicas.clear()
+
+    def get(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], shape: tuple, gas_group: int | None) -> NamedKit:
+        kit = self._kits.get(shape)
+        if kit is not None and kit.live:
+            self._kits.move_to_end(shape)
+            return kit
+        kit = NamedKit(device, layouts, bound, gas_group)
+        if kit.bytes <= KIT_BYTES:
+            self._kits[shape] = kit
+            while len(self._kits) > KITS:
+                self._kits.popitem(last=False)[1].release()
+        return kit
+
+    def replica(self, device: wgpu.GPUDevice, plan: NamedPlan, n: int) -> NamedKit | None:
+        """The n-th extra kit of a plan's shape, for the n+1-th call of that
+        shape in a batch; None when none is kept."""
+        if plan.kit.bytes > REPLICA_BYTES or n > REPLICAS:
+            return None
+        shape = plan.shape + (n,)
+        kit = self._replicas.get(shape)
+        if kit is None or not kit.live:
+            kit = self._replicas[shape] = NamedKit(device, plan.layouts, plan.bound, plan.gas_group)
+            while len(self._replicas) > REPLICAS:
+                self._replicas.popitem(last=False)[1].release()
+        self._replicas.move_to_end(shape)
+        return kit
+
+    def drop(self, key: tuple) -> None:
+        """Release the kits of a kernel, entry point and constants set (key:
+        a shape's first three), whose state a GPU error left unknown."""
+        for kits in (self._kits, self._replicas):
+            for shape in [s for s in kits if s[: len(key)] == key]:
+                kits.pop(shape).release()
