@@ -1,21 +1,14 @@
-"""A call by named buffers, run in one submission on the GPU thread.
+"""Calls by named buffers, on the GPU thread or the reader.
 
-The kernel's pipeline is compiled once per (kernel sha256, entry point)
-with an explicit layout read off its declarations (one bind group layout
-per group it uses, each binding typed by its role: read-only storage,
-storage, uniform), so the device enforces the WGSL's access modes. A call
-runs on its shape's kit (named_kit.py: buffers and bind groups reused,
-every buffer overwritten or cleared each call, so a call never sees
-another's bytes); one encoder runs the dispatch and copies every returned
-buffer into one staging buffer, read after one wait.
-
-A road beside the executor's batch road, through the same native calls
-(gpu/hot_path.py): the batch road's plans bind kem@1.0's layout (bindings
-0-3 of group 0, packed per batch), a named call any layout in up to four
-groups. No figure pays for it: it is the capability, not a speed-up, and
-it costs 2x a kem@1.0 call moving the same bytes (docs/benchmarks.md,
-"Issue 25"); folding named calls into the batch road's plans, so they
-batch into one submission, is issue 25's open item.
+A call runs on its plan (named_plan.py: made once per call signature --
+every check, the pipeline with an explicit layout per group and constants
+set, named_pipelines.py, and its shape's kit, named_kits.py), so a repeat
+only writes its bytes: every buffer it can read overwritten or cleared, so
+it never sees another call's bytes (named_kit.py). One encoder runs the
+dispatch and copies every returned buffer into one staging buffer, read
+after one wait, through the C-API calls the lone kem@1.0 call makes
+(gpu/hot_path.py). Calls of one kernel queued together run in one
+submission (run_many, named_batch.py), each on its own kit.
 """
 
 from __future__ import annotations
