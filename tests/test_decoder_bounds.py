@@ -51,14 +51,16 @@ def atom_bytes(name: bytes, tag: int) -> bytes:
     return bytes([tag]) + struct.pack(">H", len(name)) + name
 
 
-def integer_bytes(value: int, form: str) -> bytes:
-    """value in the form named (the widest form fits any value asked of it)."""
+def integer_bytes(value: int, form: str, sign_byte: int | None = None) -> bytes:
+    """value in the form named (the widest form fits any value asked of it);
+    a big form's sign byte may be given (2..255 is legal ETF: Erlang reads
+    it negative, erlang-py positive)."""
     if form == "small" and 0 <= value < 256:
         return bytes([97, value])
     if form == "int" and -(1 << 31) <= value < 1 << 31:
         return b"b" + struct.pack(">i", value)
     digits = abs(value).to_bytes(max(1, (abs(value).bit_length() + 7) // 8), "little")
-    sign = bytes([value < 0])
+    sign = bytes([value < 0 if sign_byte is None else sign_byte])
     if form == "large":
         return b"o" + struct.pack(">I", len(digits)) + sign + digits
     return b"n" + bytes([len(digits)]) + sign + digits
@@ -78,7 +80,7 @@ atom_tags = st.sampled_from([115, 119, 100, 118])
 def integers(draw) -> bytes:
     width = draw(st.sampled_from([1, 4, 8, 9, 12]))  # bytes; past 8 the guard refuses
     value = draw(st.integers(-(1 << (8 * width)) + 1, (1 << (8 * width)) - 1))
-    return integer_bytes(value, draw(integer_forms))
+    return integer_bytes(value, draw(integer_forms), draw(st.sampled_from([None, None, None, 2, 255])))
 
 
 @st.composite
@@ -88,7 +90,7 @@ def atoms(draw) -> bytes:
     if tag in (115, 119):
         size = min(size, 255)
     letter = draw(st.sampled_from([b"a", b"z", b"_"]))
-    name = draw(st.sampled_from([b"call", b"true", b"undefined", b"execute_kernel", letter * size]))
+    name = draw(st.sampled_from([b"call", b"true", b"false", b"undefined", b"execute_kernel", letter * size]))
     return atom_bytes(name, tag)
 
 
@@ -295,3 +297,36 @@ def execute_kernel_frames(draw) -> bytes:
 @given(frame=execute_kernel_frames())
 def test_execute_kernel_fields_stay_within_the_guard(frame):
     assert_within_the_guard(frame)
+
+
+# -- map keys: one key in Erlang is one key here -----------------------------------
+
+# Keys Python's dict may take as equal though Erlang does not (True == 1,
+# False == 0, 0 == 0.0 == -0.0), a group per Erlang value with its spellings
+# (Erlang refuses a map holding one value twice, so a frame holds one of each).
+CLASHING_KEYS = ((b"a\x00",), (b"a\x01", b"b\x00\x00\x00\x01", b"n\x01\x00\x01"), (b"w\x04true", b"s\x04true"),
+                 (b"d\x00\x05false",), (b"F" + struct.pack(">d", 0.0),), (b"F" + struct.pack(">d", -0.0),),
+                 (b"F" + struct.pack(">d", 1.0),), (b"w\x01x",), (b"m\x00\x00\x00\x01x",), (b"w\x09undefined",))
+
+
+@st.composite
+def distinct_keys(draw) -> list[bytes]:
+    groups = draw(st.lists(st.sampled_from(CLASHING_KEYS), min_size=1, max_size=6, unique=True))
+    return draw(st.permutations([draw(st.sampled_from(group)) for group in groups]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=distinct_keys())
+def test_a_map_either_road_accepts_keeps_every_erlang_key(keys):
+    """Red team (tests/test_red_team_run3.py): #{0 => A, false => B} was
+    {0: B} on both roads. Whatever a road accepts holds one entry per pair:
+    keys that are distinct in Erlang stay distinct, or the frame is refused."""
+    frame = b"\x83t" + struct.pack(">I", len(keys)) + b"".join(k + bytes([97, i]) for i, k in enumerate(keys))
+    hot = decode_hot(frame)
+    assert hot is None or len(hot) == len(keys)
+    try:
+        decoded = terms.decode_request(frame)
+    except KemError as exc:
+        assert exc.reason == "bad_frame"
+    else:
+        assert len(decoded) == len(keys), decoded

@@ -292,7 +292,8 @@ def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tup
 
 
 def set_key(given: tuple[tuple[str, int | float], ...]) -> tuple:
-    """A constants set as a cache or admission key: the set, then the sign
-    of each float (0.0 == -0.0 and hash alike in Python, but not in WGSL:
-    red team, -0.0's call got the pipeline built for 0.0, bitcast told)."""
-    return given, tuple(math.copysign(1.0, v) < 0 for _, v in given if isinstance(v, float))
+    """A constants set as a cache or admission key: the set, then each value's
+    kind and sign in place (0 == -0.0 and 1 == 1.0 in Python, not in WGSL or
+    the checks: {A => 0, B => -0.0} and {A => -0.0, B => 0} were one key, and
+    {N => 1.0} for a u32 ran on {N => 1}'s plan: red team, bitcast told)."""
+    return given, tuple((type(v) is float, math.copysign(1.0, v) < 0) for _, v in given)

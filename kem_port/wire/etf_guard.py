@@ -126,18 +126,24 @@ def check_frame(frame: bytes) -> None:
     if end < 2 or frame[0] != VERSION:
         raise malformed("not an external term (version byte)")
     pos = 1
-    # pending[i]: how many terms the open container at depth i still holds.
+    # pending[i]: how many terms the open container at depth i still holds;
+    # maps[i]: whether it is a map (its terms alternate key, value).
     pending = [1]
+    maps = [False]
     nodes = 0
     try:
         while pending:
             if pending[-1] == 0:
                 pending.pop()
+                maps.pop()
                 continue
             pending[-1] -= 1
             nodes += 1
             if nodes > MAX_NODES:
                 raise bad_frame(f"the request holds more than {MAX_NODES} terms")
+            if maps[-1] and pending[-1] & 1:
+                _check_key(frame, pos)
+            tag = frame[pos]
             pos, children = _term(frame, pos)
             if pos > end:
                 raise malformed("term ends early")
@@ -145,10 +151,28 @@ def check_frame(frame: bytes) -> None:
                 if len(pending) >= MAX_DEPTH:
                     raise bad_frame(f"the request nests deeper than {MAX_DEPTH}")
                 pending.append(children)
+                maps.append(tag == MAP)
     except IndexError:
         raise malformed("term ends early") from None
     if pos != end:
         raise malformed("bytes after the term")
+
+
+# Map keys that are two keys in Erlang and one in a Python dict: true == 1,
+# false == 0, 1.0 == 1 (erlang-py's map is a dict). #{0 => A, false => B}
+# decoded to {0: B}: kem:run/3 ran B at binding 0 and A went unread.
+# kem's maps are keyed by names and binding numbers, never by these.
+MAP_KEY_CLASH = (b"true", b"false")
+_FLOATS = (70, 99)
+
+
+def _check_key(frame: bytes, pos: int) -> None:
+    tag = frame[pos]
+    width = _ATOMS.get(tag)
+    if tag in _FLOATS or (width is not None and frame[pos + 1 + width : pos + 1 + width + _uint(frame, pos + 1, width)]
+                          in MAP_KEY_CLASH):
+        raise bad_frame("a map key true, false or a float is not accepted: kem's maps are keyed by names and "
+                        "binding numbers, and would read true as 1, false as 0, 1.0 as 1")
 
 
 def _uint(frame: bytes, pos: int, width: int) -> int:

@@ -58,7 +58,9 @@ _atoms: dict[bytes, Any] = {}  # atom encodings seen -> the value erlang-py give
 
 _Atom = erlang.OtpErlangAtom
 _Binary = erlang.OtpErlangBinary
-_MAP_KEYS = (_Atom, _Binary, int, bool, type(None))  # true/false/undefined are atoms too
+# undefined is an atom too; true and false are not taken (True == 1 and
+# False == 0 in a dict: etf_guard refuses such a key, MAP_KEY_CLASH).
+_MAP_KEYS = (_Atom, _Binary, int, type(None))
 _int32 = struct.Struct(">i").unpack_from
 _uint32 = struct.Struct(">I").unpack_from
 _uint16 = struct.Struct(">H").unpack_from
@@ -112,7 +114,8 @@ def _term(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, Any]
         return i + 4, _int32(data, i)[0]
     if tag == _SMALL_BIG:
         size, sign = data[i], data[i + 1]
-        if size > MAX_INT_BYTES or i + 2 + size > len(data):
+        # A sign byte past 1: erlang-py reads it positive, Erlang negative; left to the judge.
+        if size > MAX_INT_BYTES or sign > 1 or i + 2 + size > len(data):
             raise _NotHot
         value = int.from_bytes(data[i + 2 : i + 2 + size], "little")
         return i + 2 + size, -value if sign else value
@@ -134,7 +137,8 @@ def _term(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, Any]
 
 def _map(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, dict]:
     """A map of atom, binary or integer keys, as erlang-py builds it (a key
-    given twice: the last value, as its dict keeps). The ``run`` method's
+    given twice: the last value, as its dict keeps; true and false keys are
+    left to etf_guard, which refuses them). The ``run`` method's
     buffers and options are maps: erlang-py took 56 us of a 4-byte named
     call's frame on the dev machine, this walk ~10 (docs/codec.md)."""
     (arity,) = _uint32(data, i)
