@@ -40,8 +40,10 @@ import wgpu
 
 from kem_port.gpu import contract
 from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.native import NativePath
 from kem_port.gpu.session.chain_gas import ChainGas
 from kem_port.gpu.session.chain_steps import Chain, ChainPlan, PlannedClear, PlannedCopy, PlannedStep, Step
+from kem_port.gpu.session.kit_commands import compile_commands, encode_native, encode_wrapped
 from kem_port.gpu.session.sessions import Session
 
 KIT_BYTES = 64 << 10  # a kit's temporaries, uniforms and staging: a lone call's bytes (gpu/lone_road.KIT_LIMIT)
@@ -115,7 +117,7 @@ class ChainKit:
                     self.u_parts.append((self.u_size, data.origin))
                     self.u_size += contract.align(uniform_size(data), uniform_align)
         self.u_buf = self._own(self.u_size, _U.UNIFORM | _U.COPY_DST, "kem-chain-uniforms") if self.u_size else None
-        self.ops = _program(device, plan, self.u_buf)
+        ops = _program(device, plan, self.u_buf)
         fence = plan.steps[-1].written
         ranges = [(slot.buffer, slot.offset, contract.pad4(slot.logical)) for slot in plan.returns]
         if not any(slot is fence and slot.logical for slot in plan.returns):
@@ -126,6 +128,10 @@ class ChainKit:
             at += length
         self.staging_size = max(at, 4)
         self.staging = self._own(self.staging_size, _U.MAP_READ | _U.COPY_DST, "kem-chain-staging")
+        # Every command of a run, in order: temporaries cleared, the steps, the copies to staging.
+        self.ops = ([("clear_buffer", (buf, 0, size)) for buf, size in self.clears] + ops
+                    + [("copy", (buf, offset, self.staging, at, length)) for buf, offset, at, length in self.copies])
+        self.native: tuple[NativePath, list] | None = None  # the commands as C calls (kit_commands.py)
         self.logical = [slot.logical for slot in plan.returns]
         self.names = plan.names if plan.named_result else None
 
@@ -155,18 +161,12 @@ class ChainKit:
                 src = _bytes_of(origin, data, steps)
                 packed[at : at + len(src)] = src
             path.write(self.u_buf, 0, packed)
-        encoder = path.encoder()
-        try:
-            for buf, size in self.clears:
-                encoder.clear_buffer(buf, 0, size)
-            for name, args in self.ops:
-                getattr(encoder, name)(*args)
-            for buf, offset, at, length in self.copies:
-                encoder.copy(buf, offset, self.staging, at, length)
-            commands = encoder.finish()
-        except BaseException:
-            encoder.abandon()
-            raise
+        if isinstance(path, NativePath):
+            if self.native is None or self.native[0] is not path:
+                self.native = (path, compile_commands(path, self.ops))
+            commands = encode_native(path, self.native[1])
+        else:
+            commands = encode_wrapped(path.encoder(), self.ops)
         index = path.submit(commands)
         path.wait(path.map_read(self.staging, 0, self.staging_size), spin_s, index)
         try:
