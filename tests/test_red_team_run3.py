@@ -194,3 +194,202 @@ def test_true_false_and_float_map_keys_never_take_the_narrow_road():
     for key in (b"w\x04true", b"w\x05false", b"s\x04true", b"F" + struct.pack(">d", 0.0)):
         assert decode_hot(b"\x83" + map_of([(key, b"a\x01")])) is None
     assert decode_hot(b"\x83" + map_of([(b"w\x09undefined", b"a\x01")])) == {None: 1}  # erlang-py's None: no clash
+
+
+# -- the plan cached per signature: a call sees only its own bytes ---------------
+
+REVEAL = """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> io: array<u32>;
+@group(1) @binding(0) var<storage, read_write> seen: array<u32>;
+@group(1) @binding(1) var<storage, read_write> partial: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    let na = arrayLength(&a);
+    let nio = arrayLength(&io);
+    seen[0] = na;
+    seen[1] = nio;
+    for (var i = 0u; i < na; i++) { seen[2u + i] = a[i]; }
+    for (var i = 0u; i < nio; i++) { seen[2u + na + i] = io[i]; io[i] = ~io[i]; }
+    partial[0] = 7u;
+}
+"""
+KERNELS["reveal"] = REVEAL
+SEEN_WORDS = 32  # 2 lengths + at most 15 words of a + 15 of io
+
+
+def padded(data: bytes) -> bytes:
+    return data + bytes(-len(data) % 4)
+
+
+def reveal_expected(a: bytes, io: bytes, partial_size: int) -> dict[str, bytes]:
+    pa, pio = padded(a), padded(io)
+    seen = np.zeros(SEEN_WORDS, np.uint32)
+    seen[:2] = len(pa) // 4, len(pio) // 4
+    body = np.frombuffer(pa + pio, np.uint32)
+    seen[2 : 2 + len(body)] = body
+    partial = np.zeros(partial_size // 4, np.uint32)
+    partial[0] = 7
+    return {"seen": seen.tobytes(), "partial": partial.tobytes(), "io": bytes(b ^ 0xFF for b in io)}
+
+
+A_KEYS, IO_KEYS = ("a", "0/0", 0), ("io", "0/1", 1)
+SEEN_KEYS, PARTIAL_KEYS = ("seen", "1/0"), ("partial", "1/1")
+
+
+def test_calls_of_shared_kits_and_evicted_plans_see_only_their_own_bytes(port):
+    """Held: 160 calls of one kernel whose every binding is read whole by
+    the kernel (arrayLength, padding included): lengths 1..60 bytes (so
+    21..24 share a kit), each buffer under its name, "G/B" or binding
+    number, 20 output sizes of `partial` (more shapes than the 16 kits kept,
+    more signatures than the 64 plans kept: evicted and re-made), random
+    bytes each call. Each came back exactly: its own bytes, zeros where a
+    binding is padded or an output unwritten, never a previous caller's."""
+    rng = np.random.default_rng(2503)
+    for _ in range(160):
+        a = rng.integers(0, 256, int(rng.integers(1, 61)), dtype=np.uint8).tobytes()
+        io = rng.integers(0, 256, int(rng.integers(1, 61)), dtype=np.uint8).tobytes()
+        partial = 4 * int(rng.integers(1, 21))
+        keys = [A_KEYS[rng.integers(3)], IO_KEYS[rng.integers(3)], SEEN_KEYS[rng.integers(2)], PARTIAL_KEYS[rng.integers(2)]]
+        got = run(port, "reveal", {keys[0]: a, keys[1]: io}, outputs={keys[2]: 4 * SEEN_WORDS, keys[3]: partial},
+                  workgroups=(1, 1, 1))
+        assert got == reveal_expected(a, io, partial), (len(a), len(io), partial, keys)
+    stats = {terms.atom_name(k): v for k, v in port.call("stats").items()}
+    assert stats["named_calls"] >= 160
+
+
+def test_one_binding_given_twice_under_two_of_its_names_is_refused_after_a_cached_call(port):
+    """Held: a cached plan for {a => X} is not reached by {a => X, "0/0" => Y}
+    (its signature differs); that call is refused naming the binding, not
+    run with either buffer."""
+    run(port, "reveal", {"a": b"\1" * 8, "io": b"\2" * 8}, outputs={"seen": 128, "partial": 4}, workgroups=(1, 1, 1))
+    for extra in ("0/0", 0):
+        with pytest.raises(PortError) as err:
+            run(port, "reveal", {"a": b"\1" * 8, extra: b"\3" * 8, "io": b"\2" * 8}, outputs={"seen": 128, "partial": 4},
+                workgroups=(1, 1, 1))
+        assert err.value.reason == "bad_args" and "Otp" not in err.value.detail, err.value
+
+
+# A uniform whose size reflection may not read (an array sized by a const
+# expression): given too few bytes, wgpu refuses the dispatch.
+KERNELS["uni_const"] = """
+const K = 8u;
+const N = K * 8u;
+struct U { v: array<vec4<u32>, N> }
+@group(0) @binding(0) var<uniform> u: U;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { for (var i = 0u; i < 256u; i++) { out[i] = u.v[i / 4u][i % 4u]; } }
+"""
+
+
+def test_a_gpu_error_then_repeats_of_both_signatures_each_get_their_own_answer(port):
+    """Held: a call wgpu refuses (16 bytes for a 1 KiB uniform, if kem cannot
+    size it first) is a structured refusal; its kits are dropped, and
+    repeats of the good and the bad signature, interleaved, answer each
+    exactly (the good one its own random words, never a stale kit)."""
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        with pytest.raises(PortError) as err:
+            run(port, "uni_const", {"u": bytes(16)}, outputs={"out": 1024}, workgroups=(1, 1, 1))
+        assert err.value.reason in ("gpu_error", "bad_args"), err.value
+        assert "Traceback" not in err.value.detail and ".py" not in err.value.detail
+        data = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        got = run(port, "uni_const", {"u": data.tobytes()}, outputs={"out": 1024}, workgroups=(1, 1, 1))
+        assert np.array_equal(np.frombuffer(got["out"], np.uint32), data)
+    assert port.call("ping") == terms.atom("pong")
+
+
+# Loops flag[0] times: its gas is the caller's data.
+KERNELS["loops"] = """
+@group(0) @binding(0) var<storage, read> flag: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    var x = 0u;
+    for (var i = 0u; i < flag[0]; i++) { x += i; }
+    out[0] = x;
+}
+"""
+
+
+def loops(port, turns: int, gas_limit: int | None) -> tuple[int, int]:
+    opts = {"outputs": {b"out": 4}, "workgroups": (1, 1, 1), "usage": True}
+    if gas_limit is not None:
+        opts["gas_limit"] = gas_limit
+    outputs, usage = port.call("run", b"loops", {b"flag": np.uint32(turns).tobytes()}, opts)
+    (out,) = outputs.values()
+    return int(np.frombuffer(terms.binary_bytes(out), np.uint32)[0]), {terms.atom_name(k): v for k, v in usage.items()}["gas"]
+
+
+def test_a_cached_plans_meter_counts_each_call_from_zero_and_takes_each_limit(port):
+    """Held: one signature called again and again never inherits the last
+    call's meter (ten calls of 90 turns each under a budget of ~100 all run,
+    each the same gas); the same kit under another gas_limit takes that
+    call's cap, and the first limit's plan still ends a runaway."""
+    first = loops(port, 90, 100)
+    assert first[0] == sum(range(90))
+    for _ in range(10):
+        assert loops(port, 90, 100) == first
+    for turns, limit in ((5000, 100), (5000, 10_000), (5000, 100), (90, 100), (5000, 10_000)):
+        if turns > limit:
+            with pytest.raises(PortError) as err:
+                loops(port, turns, limit)
+            assert err.value.reason == "gas_exhausted", err.value
+        else:
+            assert loops(port, turns, limit)[0] == sum(range(turns)) % 2**32
+
+
+def test_a_shape_over_the_kept_kit_size_runs_fresh_each_call(port):
+    """Held: 5 MiB in and out (over KIT_BYTES, 4 MiB: never kept) twice with
+    different random words, then a small call of the same kernel: each is
+    exactly a + 1 of its own words."""
+    rng = np.random.default_rng(11)
+    for n in ((5 << 20) // 4, (5 << 20) // 4, 1000):
+        a = rng.integers(0, 2**32 - 1, n, dtype=np.uint32)
+        got = run(port, "inc", {"a": a.tobytes()}, outputs={"out": 4 * n}, grid=(n, 1, 1))
+        assert np.array_equal(np.frombuffer(got["out"], np.uint32), a + 1)
+
+
+KERNELS["names"] = """
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> Z9: array<u32>;
+@group(0) @binding(2) var<storage, read_write> a_1: array<u32>;
+@group(0) @binding(3) var<storage, read_write> résultat: array<u32>;
+@group(1) @binding(0) var<storage, read_write> o4: array<u32>;
+@group(1) @binding(1) var<storage, read_write> o5: array<u32>;
+@group(2) @binding(0) var<storage, read_write> o6: array<u32>;
+@group(3) @binding(7) var<storage, read_write> o7: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    Z9[0] = inp[0] + 1u; a_1[0] = inp[0] + 2u; résultat[0] = inp[0] + 3u;
+    o4[0] = inp[0] + 4u; o5[0] = inp[0] + 5u; o6[0] = inp[0] + 6u; o7[0] = inp[0] + 7u;
+}
+"""
+KERNELS["unicode"] = KERNELS["names"]
+KERNELS["names"] = KERNELS["names"].replace("r\u00e9sultat", "r_sultat_")
+KERNELS["reads_only"] = """
+@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@compute @workgroup_size(1)
+fn main() { let x = inp[0]; }
+"""
+
+
+def test_the_spliced_reply_carries_seven_outputs_a_unicode_name_and_none(port):
+    """Held: the hand-encoded reply (terms.ok_named_reply) with the 7
+    outputs WebGPU's 8 storage buffers leave beside an input (a kernel with
+    no output is refused, bad_kernel: no empty reply); a WGSL name outside ASCII never reaches
+    the reply: kem refuses the kernel (bad_kernel, its line and column)."""
+    rng = np.random.default_rng(5)
+    names = ("Z9", "a_1", "0/3", "o4", "o5", "o6", "3/7")
+    for _ in range(3):
+        x = int(rng.integers(0, 2**31))
+        got = run(port, "names", {"inp": np.uint32(x).tobytes()}, outputs={n: 4 for n in names}, workgroups=(1, 1, 1))
+        want = {"Z9": 1, "a_1": 2, "r_sultat_": 3, "o4": 4, "o5": 5, "o6": 6, "o7": 7}
+        assert {k: int(np.frombuffer(v, np.uint32)[0]) for k, v in got.items()} == {k: x + d for k, d in want.items()}
+    with pytest.raises(PortError) as err:  # no empty reply: a kernel that writes nothing is refused
+        port.call("run", b"reads_only", {b"inp": bytes(4)}, {"workgroups": (1, 1, 1)})
+    assert err.value.reason == "bad_kernel" and "writes no buffer" in err.value.detail
+    with pytest.raises(PortError) as err:
+        run(port, "unicode", {"inp": bytes(4)}, outputs={n: 4 for n in names}, workgroups=(1, 1, 1))
+    assert err.value.reason == "bad_kernel" and "ASCII" in err.value.detail
