@@ -96,13 +96,18 @@ class NamedKit:
         """The returned buffers by name and the meter's words, off the mapped
         staging buffer, which is then unmapped."""
         try:
-            view = path.mapped(self.staging, 0, self.staging_size)
-            returned = {bound[i].binding.name: bytes(view[offset : offset + bound[i].logical])
-                        for (i, _), offset in zip(self.returned, self.offsets)}
-            words = None if self.gas is None else tuple(view[self.meter_offset : self.meter_offset + wgsl_gas.METER_BYTES].cast("I"))
-            return returned, words
+            return self.parse(path.mapped(self.staging, 0, self.staging_size), 0, bound)
         finally:
             path.unmap(self.staging)
+
+    def parse(self, view: memoryview, base: int, bound: list[Bound]) -> tuple[dict[str, bytes], tuple[int, ...] | None]:
+        """The returned buffers by name and the meter's words, copied out of
+        a staging view where this kit's copies landed at ``base``."""
+        returned = {bound[i].binding.name: bytes(view[base + offset : base + offset + bound[i].logical])
+                    for (i, _), offset in zip(self.returned, self.offsets)}
+        at = base + self.meter_offset
+        words = None if self.gas is None else tuple(view[at : at + wgsl_gas.METER_BYTES].cast("I"))
+        return returned, words
 
     @staticmethod
     def _write(path: HotPath, buf: wgpu.GPUBuffer, data: bytes, size: int) -> None:
@@ -193,10 +198,13 @@ class NamedKit:
             lib.wgpuComputePassEncoderSetBindGroup(compute, index, group, 0, null)
         lib.wgpuComputePassEncoderDispatchWorkgroups(compute, *groups)
 
-    def copy_native(self, lib, encoder) -> None:
+    def copy_native(self, lib, encoder, staging=None, base: int = 0) -> None:
+        """Copy what comes back to this kit's staging, or to ``staging`` (a
+        batch's, named_batch.py) from ``base`` on."""
         h = self.native
+        staging = h.staging if staging is None else staging
         for buf, offset, size in h.copies:
-            lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, h.staging, offset, size)
+            lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, buf, 0, staging, base + offset, size)
 
     def release(self) -> None:
         self.live = False

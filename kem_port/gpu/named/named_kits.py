@@ -5,7 +5,8 @@ shapes of up to KIT_BYTES each stay (64 MiB at most); a larger shape's kit
 is made for its call and released after it. A batch (named_batch.py) that
 holds two calls of one shape needs a second kit for the second: a replica,
 kept for small shapes only (REPLICAS of up to REPLICA_BYTES: 4 MiB at
-most); a call with none to spare runs alone.
+most); a call with none to spare runs alone. A batch's copies land in one
+staging buffer, kept here: one map for the batch instead of one a call.
 """
 
 from __future__ import annotations
@@ -22,17 +23,20 @@ KITS = 16  # call shapes kept with their buffers
 KIT_BYTES = 4 << 20  # a shape's buffers up to this are kept: at most 64 MiB in all
 REPLICAS = 64  # extra kits for calls of one shape in one batch
 REPLICA_BYTES = 64 << 10  # ... each of a shape this small: at most 4 MiB in all
+BATCH_STAGING = 16 << 20  # one staging buffer for a batch's copies, up to this
 
 
 class NamedKits:
     def __init__(self) -> None:
         self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()
         self._replicas: OrderedDict[tuple, NamedKit] = OrderedDict()
+        self._staging: wgpu.GPUBuffer | None = None
 
     def clear(self) -> None:
         """Forget every kit (a new device: the old one's buffers go with it)."""
         self._kits.clear()
         self._replicas.clear()
+        self._staging = None
 
     def get(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], shape: tuple, gas_group: int | None) -> NamedKit:
         kit = self._kits.get(shape)
@@ -59,6 +63,20 @@ class NamedKits:
                 self._replicas.popitem(last=False)[1].release()
         self._replicas.move_to_end(shape)
         return kit
+
+    def batch_staging(self, device: wgpu.GPUDevice, size: int) -> wgpu.GPUBuffer | None:
+        """One staging buffer of at least ``size`` bytes for a batch's
+        copies (named_batch.py): kept, grown in powers of two up to
+        BATCH_STAGING; None past it (the batch maps each kit's own)."""
+        if size > BATCH_STAGING:
+            return None
+        if self._staging is None or self._staging.size < size:
+            if self._staging is not None:
+                self._staging.destroy()
+            self._staging = device.create_buffer(size=max(4096, 1 << (size - 1).bit_length()),
+                                                 usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                                 label="kem-named-batch-staging")
+        return self._staging
 
     def drop(self, key: tuple) -> None:
         """Release the kits of a kernel, entry point and constants set (key:

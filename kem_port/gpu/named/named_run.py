@@ -24,7 +24,7 @@ from kem_port.gpu.dispatch import plan_dispatch
 from kem_port.gpu.named.binding_model import NEEDS_DISPATCH, Limits, NamedCall, check_sizes, plan_bindings
 from kem_port.gpu.named import named_gas
 from kem_port.gpu.named.named_gas import NamedOutputs
-from kem_port.gpu.named.named_batch import run_together
+from kem_port.gpu.named.named_batch import run_together, staging_bytes
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.named.named_kits import KIT_BYTES, NamedKits
 from kem_port.gpu.native import NativePath
@@ -104,7 +104,8 @@ class NamedRuns:
             return
         runs = [(kit, plan.pipeline, plan.bound, datas, plan.groups, plan.cap) for _, plan, kit, datas in together]
         try:
-            outs = run_together(self.gpu.hot, runs, self.gpu.lone_spin_s)
+            staging = self._kits.batch_staging(self._device, staging_bytes(runs))
+            outs = run_together(self.gpu.hot, runs, self.gpu.lone_spin_s, staging)
         except wgpu.GPUError as exc:
             error = KemError("gpu_error", gpu_message(exc))
             for i, plan, _, _ in together:
