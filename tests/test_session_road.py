@@ -199,3 +199,13 @@ def test_a_changed_kernel_file_is_never_run_from_an_old_kit(tmp_path, rng):
             assert port.chain([{"kernel": "twice"}] * 2, input=data.tobytes()) == (data * np.uint32(4)).tobytes()
         (tmp_path / "twice.wgsl").write_text(kernel.replace("* 2u", "* 3u"))
         assert port.chain([{"kernel": "twice"}] * 2, input=data.tobytes()) == (data * np.uint32(9)).tobytes()
+
+
+def test_closing_a_session_drops_its_kits(sport, rng):
+    s = sport.session_open()
+    s.create("acc", 256)
+    for _ in range(2):
+        s.call("accumulate", rng.integers(0, 2**32, 4, dtype=np.uint32).tobytes())
+    held = counters(sport)["chain_kits"]
+    s.close()
+    assert counters(sport)["chain_kits"] == held - 1

@@ -74,7 +74,7 @@ class SessionMethods:
         if method == "session_open":
             return lambda: (store.incarnation, store.open(request.quota))
         if method == "session_close":
-            return lambda: (store.close(*ref), OK)[1]
+            return lambda: (self.service.chains.kits.forget(store.get(*ref)), store.close(*ref), OK)[2]
         if method == "buffer_list":
             return lambda: {n.encode(): b.size for n, b in store.get(*ref).buffers.items()}
         if method == "buffer_free":

@@ -269,6 +269,11 @@ class ChainKits:
         if kit is not None:
             kit.retire()
 
+    def forget(self, session: Session) -> None:
+        """A closed session's kits (they hold its buffers' bind groups)."""
+        for key in [k for k, kit in self._kits.items() if kit.session is session]:
+            self.drop(key)
+
     def clear(self) -> None:
         kits, self._kits = self._kits, OrderedDict()
         for kit in kits.values():

@@ -36,7 +36,7 @@ class SessionService:
         self.chains = ChainRunner(executor.gpu, stats, config.session_quota_bytes, config.max_output_bytes, config.gas_limit)
 
     def describe(self) -> dict[str, int]:
-        return self.sessions.describe()
+        return {**self.sessions.describe(), "chain_kits": len(self.chains.kits)}
 
     def run(self, work: Callable[[], T]) -> T:
         """Run `work` against an open device; failures come out as KemError."""
