@@ -209,3 +209,21 @@ def test_closing_a_session_drops_its_kits(sport, rng):
     held = counters(sport)["chain_kits"]
     s.close()
     assert counters(sport)["chain_kits"] == held - 1
+
+
+@pytest.mark.parametrize("n", [2, 65, 700])
+def test_a_kits_usage_carries_what_it_launched(sport, rng, n):
+    """accumulate is loop-free: its gas is the invocations launched, one
+    workgroup of 64 per 64 output words, on the first run and on its kit."""
+    s = sport.session_open()
+    acc = rng.integers(0, 2**32, n, dtype=np.uint32)
+    s.create("acc", acc.tobytes())
+    before = counters(sport)
+    for _ in range(3):
+        step = rng.integers(0, 2**32, n, dtype=np.uint32)
+        acc = acc + step
+        out, usage = s.call("accumulate", step.tobytes(), usage=True)
+        assert terms.binary_bytes(out) == acc.tobytes()
+        assert {terms.atom_name(k): v for k, v in usage.items()} == {"gas": -(-n // 64) * 64}
+    assert moved(sport, before, "chain_kit_runs") == (3,)
+    s.close()
