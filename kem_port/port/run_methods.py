@@ -123,12 +123,15 @@ class NamedRun:
             except Exception:  # a bug must not leave a caller waiting
                 log.exception("named calls failed")
                 results = [internal()] * len(live)
-            for run, result in zip(live, results):
-                req_id = run.request.req_id
-                if isinstance(result, KemError):
-                    run.replies.error(req_id, result)
-                else:
-                    run.replies.answering(req_id, lambda: _answer(run.replies, req_id, result, run.request.usage))
+            # One writev for the batch's replies (a write each was 14% of a
+            # loaded port's samples, scripts via py-spy at 64 callers, lavapipe).
+            with runs[0].replies.gathered():
+                for run, result in zip(live, results):
+                    req_id = run.request.req_id
+                    if isinstance(result, KemError):
+                        run.replies.error(req_id, result)
+                    else:
+                        run.replies.answering(req_id, lambda: _answer(run.replies, req_id, result, run.request.usage))
         finally:
             for run in runs:
                 run.budget.give(run.request.call.batch_bytes)
