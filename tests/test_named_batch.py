@@ -9,20 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import start_port
+from test_named_buffers import KERNELS
 from kem_port.client import PortError
 from kem_port.wire import terms
 
-AXPY = """
-struct Params { alpha: f32, count: u32 }
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < params.count) { y[i] = params.alpha * x[i] + y[i]; }
-}
-"""
+AXPY = KERNELS["axpy"]  # wgpu-py style: the uniform at binding 0, y in place
 
 # Sums input[0] words of `data` per invocation in a loop: metered (gas), and
 # a small budget runs out for one call and not for its batch-mates.
