@@ -393,3 +393,29 @@ def test_the_spliced_reply_carries_seven_outputs_a_unicode_name_and_none(port):
     with pytest.raises(PortError) as err:
         run(port, "unicode", {"inp": bytes(4)}, outputs={n: 4 for n in names}, workgroups=(1, 1, 1))
     assert err.value.reason == "bad_kernel" and "ASCII" in err.value.detail
+
+
+KERNELS["plus"] = """
+@group(0) @binding(2) var<storage, read> a: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&out)) { out[i] = a[i] + 1u; }
+}
+"""
+
+
+def test_a_chain_steps_constant_the_kernel_lacks_is_bad_args_not_internal(port):
+    """BEFORE: a chain step naming an override its kernel does not declare
+    reached the compile guard's admission, whose pipeline_constants raised
+    KeyError: the caller got `internal` (dev_kem: a 500), not a refusal
+    naming the constant. Now bad_args, and the same chain without it runs."""
+    a = np.arange(8, dtype=np.uint32)
+    step = {"kernel": b"plus", "buffers": {b"a": a.tobytes()}, "outputs": {b"out": 32}, "grid": (8, 1, 1)}
+    for constants in ({b"nope": 1}, {b"nope": 1.5, b"other": 2}):
+        with pytest.raises(PortError) as err:
+            port.chain([{**step, "constants": constants}])
+        assert err.value.reason == "bad_args" and "nope" in err.value.detail, err.value
+    got = port.chain([step])
+    assert np.array_equal(np.frombuffer(got["out"], np.uint32), a + 1)

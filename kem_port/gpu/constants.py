@@ -50,6 +50,7 @@ def pipeline_constants(shape: KernelShape, given: tuple[tuple[str, int | float],
     by resolve_entry first): keyed by @id digits or name, as doubles."""
     if not given:
         return {}
+    resolved(shape, given)  # bad_args naming a name it lacks: a chain step's admission KeyError'd (500, red team)
     by_name = {o.name: o for o in shape.overrides} | {str(o.id): o for o in shape.overrides if o.id is not None}
     return {by_name[name].key: float(value) for name, value in given}
 

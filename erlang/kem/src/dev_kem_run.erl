@@ -155,7 +155,7 @@ kernel_id(_) -> refuse(<<"kernel-id must be a non-empty string">>).
 %% #{<<"1">> => Bytes}}: a group's message is read back as `G/B' names.
 buffers(Map, Opts) when is_map(Map) ->
     count(Map, <<"buffers">>),
-    count(maps:from_list(lists:append([buffer(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"buffers">>);
+    count(once(<<"buffer">>, lists:append([buffer(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"buffers">>);
 buffers(_, _) -> refuse(<<"buffers must be a message: name => bytes (multipart parts buffers/NAME)">>).
 
 buffer(Name, Bytes, _Opts) when is_binary(Bytes) -> [{Name, Bytes}];
@@ -168,6 +168,25 @@ buffer(Group, Map, Opts) when is_map(Map), map_size(Map) > 0 ->
 buffer(Name, _, _) ->
     refuse(<<"buffer '", (shown(Name))/binary, "' must be bytes (a binary value or part), not numbers">>).
 
+%% The flattened pairs as a map, each slot once: `G/B' given as a name and
+%% inside its group's message (a part `buffers/0/1' arrives nested) is
+%% one slot of two values, and maps:from_list kept one of them silently
+%% (red team: the other caller's bytes went unread). The port refuses a
+%% name given twice; so does this.
+once(What, Pairs) ->
+    Map = maps:from_list(Pairs),
+    case map_size(Map) =:= length(Pairs) of
+        true -> Map;
+        false -> refuse(400, bad_args, <<What/binary, " '", (shown(twice(Pairs, #{})))/binary,
+                                        "' given twice (as G/B and inside its group's message)">>)
+    end.
+
+twice([{Name, _} | Rest], Seen) ->
+    case maps:is_key(Name, Seen) of
+        true -> Name;
+        false -> twice(Rest, Seen#{Name => true})
+    end.
+
 bytes(_Slot, Bytes) when is_binary(Bytes) -> Bytes;
 bytes(_Slot, #{<<"body">> := Bytes}) when is_binary(Bytes) -> Bytes;
 bytes(Slot, _) -> refuse(<<"buffer '", (shown(Slot))/binary, "' must be bytes">>).
@@ -176,7 +195,7 @@ bytes(Slot, _) -> refuse(<<"buffer '", (shown(Slot))/binary, "' must be bytes">>
 %% part's value).
 outputs(Map, Opts) when is_map(Map) ->
     count(Map, <<"outputs">>),
-    count(maps:from_list(lists:append([output(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"outputs">>);
+    count(once(<<"output">>, lists:append([output(K, dev_kem:field(K, Map, Opts), Opts) || K <- maps:keys(Map)])), <<"outputs">>);
 outputs(_, _) -> refuse(<<"outputs must be a message: name => size in bytes">>).
 
 output(Group, Map, Opts) when is_map(Map), map_size(Map) > 0 ->
