@@ -79,14 +79,23 @@ def test_small_maps_are_read_here_as_erlang_py_reads_them():
     assert decode_hot(frame)[3][2] == opts
 
 
+def test_proper_lists_are_read_here_as_erlang_py_reads_them():
+    """A chain's steps: a list of maps."""
+    steps = [{terms.atom("kernel"): terms.Binary(b"double")}, {terms.atom("workgroups"): (1, 2, 3)}, []]
+    frame = request(4, "chain", (steps, {terms.atom("input"): terms.Binary(b"abcd")}))
+    assert decode_hot(frame) is not None and same(decode_hot(frame), erlang.binary_to_term(frame))
+
+
 def test_other_shapes_fall_through_to_erlang_py():
     for opts in ({terms.atom("constants"): {terms.Binary(b"k"): 1.5}},  # a float
                  {(1, 2): 3},  # a tuple key: erlang-py rebuilds it
-                 {terms.atom("list"): [1, 2]}):
+                 {terms.atom("list"): erlang.OtpErlangList([1, 2], improper=True)}):  # an improper list
         frame = request(3, "execute", (terms.Binary(b"k"), terms.Binary(b"abcd"), opts))
         assert decode_hot(frame) is None
         assert same(terms.decode(frame), erlang.binary_to_term(frame))
-    deep = erlang.term_to_binary(((((((1,),),),),),))
+    string = b"\x83k\x00\x03abc"  # STRING_EXT: erlang-py's bytes
+    assert decode_hot(string) is None and same(terms.decode(string), erlang.binary_to_term(string))
+    deep = erlang.term_to_binary(((((((((1,),),),),),),),))  # past the walk's depth of 6
     assert decode_hot(deep) is None and same(terms.decode(deep), erlang.binary_to_term(deep))
     assert decode_hot(b"\x83P\x00\x00\x00\x10x\x9c") is None  # compressed: refused by terms.decode
     with pytest.raises(KemError):
