@@ -419,3 +419,59 @@ def test_a_chain_steps_constant_the_kernel_lacks_is_bad_args_not_internal(port):
         assert err.value.reason == "bad_args" and "nope" in err.value.detail, err.value
     got = port.chain([step])
     assert np.array_equal(np.frombuffer(got["out"], np.uint32), a + 1)
+
+
+# -- a batch of named calls (gpu_loop gathers those of one kernel) ------------------
+
+from test_request_budgets import SPIN, spin_input  # noqa: E402
+
+KERNELS["spin"] = SPIN
+
+
+def test_a_batch_of_more_shapes_than_kits_answers_every_call_right(port):
+    """Calls of one kernel queued behind a long call run as one batch
+    (named_batch.py). 24 of them, each its own shape (output sizes 4..96
+    bytes), are more shapes than the 16 kits kept: planning a later call
+    must not release a kit an earlier call of the same batch holds. Every
+    call is exactly a + 1 of its own random words."""
+    rng = np.random.default_rng(29)
+    run(port, "inc", {"a": bytes(4)}, outputs={"out": 4}, workgroups=(1, 1, 1))  # admitted
+    opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
+    run(port, "spin", {"input": spin_input(1, 1)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))
+    for _ in range(2):
+        long = port.call_async("run", b"spin", {b"input": spin_input(4000, 3)}, opts)  # holds the GPU thread
+        datas = [rng.integers(0, 2**32 - 1, k + 1, dtype=np.uint32) for k in range(24)]
+        futures = [port.call_async("run", b"inc", {b"a": a.tobytes()}, {"outputs": {b"out": 4 * len(a)}, "workgroups": (1, 1, 1)})
+                   for a in datas]
+        long.result(120)
+        for a, fut in zip(datas, futures):
+            got = fut.result(120)
+            assert np.array_equal(np.frombuffer(terms.binary_bytes(got[terms.Binary(b"out")]), np.uint32), a + 1)
+    stats = {terms.atom_name(k): v for k, v in port.call("stats").items()}
+    assert stats.get("named_batches", 0) >= 1, stats
+
+
+def test_a_batch_mates_gpu_error_on_a_large_shape_leaves_the_others_kits_alone(port):
+    """A call of a shape over KIT_BYTES in a batch runs alone; when wgpu
+    refuses it (16 bytes for uni_const's 1 KiB uniform) its kernel's kits
+    are dropped. Calls of the same kernel taken into the batch before it
+    must still be answered with their own words, not gpu_error."""
+    rng = np.random.default_rng(31)
+    big = (4 << 20) + 1024  # output bytes: the shape is over KIT_BYTES
+    run(port, "uni_const", {"u": bytes(1024)}, outputs={"out": 1024}, workgroups=(1, 1, 1))  # admitted
+    opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
+    for _ in range(2):
+        long = port.call_async("run", b"spin", {b"input": spin_input(4000, 5)}, opts)
+        datas = [rng.integers(0, 2**32 - 1, 256, dtype=np.uint32) for _ in range(3)]
+        good = [port.call_async("run", b"uni_const", {b"u": d.tobytes()}, {"outputs": {b"out": 1024}, "workgroups": (1, 1, 1)})
+                for d in datas[:2]]
+        bad = port.call_async("run", b"uni_const", {b"u": bytes(16)}, {"outputs": {b"out": big}, "workgroups": (1, 1, 1)})
+        good.append(port.call_async("run", b"uni_const", {b"u": datas[2].tobytes()},
+                                    {"outputs": {b"out": 1024}, "workgroups": (1, 1, 1)}))
+        long.result(120)
+        with pytest.raises(PortError) as err:
+            bad.result(120)
+        assert err.value.reason == "gpu_error", err.value
+        for d, fut in zip(datas, good):
+            got = fut.result(120)
+            assert np.array_equal(np.frombuffer(terms.binary_bytes(got[terms.Binary(b"out")]), np.uint32), d)

@@ -31,6 +31,11 @@ class NamedKits:
         self._kits: OrderedDict[tuple, NamedKit] = OrderedDict()
         self._replicas: OrderedDict[tuple, NamedKit] = OrderedDict()
         self._staging: wgpu.GPUBuffer | None = None
+        # Shapes a batch being planned has taken (named_run.run_many): not
+        # released to make room (a 24-shape batch lost its first kits to its
+        # later calls' planning: every call of it a gpu_error), nor dropped
+        # by a batch-mate's error on a large shape, run alone meanwhile.
+        self.held: set[tuple] = set()
 
     def clear(self) -> None:
         """Forget every kit (a new device: the old one's buffers go with it)."""
@@ -46,9 +51,15 @@ class NamedKits:
         kit = NamedKit(device, layouts, bound, gas_group)
         if kit.bytes <= KIT_BYTES:
             self._kits[shape] = kit
-            while len(self._kits) > KITS:
-                self._kits.popitem(last=False)[1].release()
+            spare = [s for s in self._kits if s not in self.held and s != shape][: max(len(self._kits) - KITS, 0)]
+            for old in spare:  # the least recently used first
+                self._kits.pop(old).release()
         return kit
+
+    def hold(self) -> set[tuple]:
+        """The held set, emptied: a batch's planning adds the shapes it takes."""
+        self.held.clear()
+        return self.held
 
     def replica(self, device: wgpu.GPUDevice, plan: NamedPlan, n: int) -> NamedKit | None:
         """The n-th extra kit of a plan's shape, for the n+1-th call of that
@@ -56,11 +67,12 @@ class NamedKits:
         if plan.kit.bytes > REPLICA_BYTES or n > REPLICAS:
             return None
         shape = plan.shape + (n,)
+        self.held.add(shape)
         kit = self._replicas.get(shape)
         if kit is None or not kit.live:
             kit = self._replicas[shape] = NamedKit(device, plan.layouts, plan.bound, plan.gas_group)
-            while len(self._replicas) > REPLICAS:
-                self._replicas.popitem(last=False)[1].release()
+            for old in [s for s in self._replicas if s not in self.held][: max(len(self._replicas) - REPLICAS, 0)]:
+                self._replicas.pop(old).release()
         self._replicas.move_to_end(shape)
         return kit
 
@@ -82,5 +94,5 @@ class NamedKits:
         """Release the kits of a kernel, entry point and constants set (key:
         a shape's first three), whose state a GPU error left unknown."""
         for kits in (self._kits, self._replicas):
-            for shape in [s for s in kits if s[: len(key)] == key]:
+            for shape in [s for s in kits if s[: len(key)] == key and s not in self.held]:
                 kits.pop(shape).release()

@@ -70,6 +70,7 @@ class NamedRuns:
         results: list[NamedOutputs | KemError | None] = [None] * len(items)
         together: list[tuple[int, NamedPlan, NamedKit, list]] = []
         taken: dict[int, int] = {}  # kit id -> calls of this batch on that shape so far
+        held = self._kits.hold()  # the shapes taken: planning a later call releases none of them (named_kits.py)
         for i, (source, call) in enumerate(items):
             try:
                 plan = self._plan_of(source, call)
@@ -79,6 +80,7 @@ class NamedRuns:
             if plan.kit.bytes > KIT_BYTES:  # a kit made for this call alone (and released after it)
                 results[i] = self._answer_plan(plan, call)
                 continue
+            held.add(plan.shape)
             n = taken[id(plan.kit)] = taken.get(id(plan.kit), -1) + 1
             kit = plan.kit if n == 0 else self._kits.replica(self._device, plan, n)
             if kit is not None:
@@ -100,6 +102,7 @@ class NamedRuns:
             return exc
 
     def _run_together(self, together: list, results: list) -> None:
+        self._kits.held.clear()  # planned: a GPU error below drops these kits too, and the next kit made trims to KITS
         if not together:
             return
         runs = [(kit, plan.pipeline, plan.bound, datas, plan.groups, plan.cap) for _, plan, kit, datas in together]
