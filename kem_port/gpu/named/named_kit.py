@@ -33,7 +33,6 @@ class NamedKit:
     thread, or the reader holding the executor lock, runs one call at a time)."""
 
     def __init__(self, device: wgpu.GPUDevice, layouts: dict, bound: list[Bound], gas_group: int | None = None) -> None:
-        self.bound = bound
         self.buffers = [self._buffer(device, x) for x in bound]
         self.groups = {
             group: device.create_bind_group(layout=layout, entries=[

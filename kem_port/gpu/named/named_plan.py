@@ -13,21 +13,21 @@ Planning took ~35 us of a 4-byte call's ~190 us on the dev machine
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kem_port.gpu import gas_meter
 from kem_port.gpu.named.binding_model import Bound, NamedCall, keys_of
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.constants import set_key
 
-PLANS = 64  # signatures kept (each a few hundred bytes; its kit is bounded apart, named_run.KITS)
+PLANS = 64  # signatures kept (each a few hundred bytes, no caller's bytes; its kit is bounded apart, named_kits.KITS)
 
 
 @dataclass(frozen=True)
 class NamedPlan:
     pipeline: object  # wgpu.GPUComputePipeline
     kit: NamedKit
-    bound: list[Bound]  # the first call's bindings: roles, sizes and lengths (its bytes are never read again)
+    bound: list[Bound]  # the first call's bindings: roles, sizes and lengths (its bytes dropped, __post_init__)
     keys: tuple[str | None, ...]  # per binding, the key the call's bytes come under (None: an output)
     groups: tuple[int, int, int]
     slot: gas_meter.GasSlot | None
@@ -35,6 +35,11 @@ class NamedPlan:
     layouts: dict  # its pipeline's bind group layouts, by group: a replica kit is made on them (named_batch.py)
     gas_group: int | None
     shape: tuple  # its kit's key (named_run.NamedRuns._kit)
+
+    def __post_init__(self) -> None:
+        # Kept without the first call's bytes (given_keys read them first):
+        # 64 plans held 64 callers' inputs, ~250 MiB for 3 MiB calls (red team).
+        object.__setattr__(self, "bound", [replace(x, data=None) for x in self.bound])
 
     @property
     def cap(self) -> int:
