@@ -26,11 +26,12 @@ from kem_port.gpu.session.chain import READER_INVOCATIONS, NotForReader
 from kem_port.gpu.session.chain_kit import KIT_BYTES, ChainKit
 from kem_port.gpu.session.session_service import SessionService
 from kem_port.gpu.wgsl.wgsl_calls import may_loop
+from kem_port.port.chain_gather import answer_value, gatherable
 from kem_port.port.gpu_loop import SMALL_CALL, GpuLoop, QueueFull
 from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.wire.protocol import RequestError
 from kem_port.wire.session_requests import BufferRequest, ChainRequest
-from kem_port.port.replies import Replies, with_gas
+from kem_port.port.replies import Replies
 from kem_port.stats import Stats
 
 INLINE_STEPS = 16
@@ -92,7 +93,9 @@ class SessionMethods:
         key = _kit_key(request)
         kit = self.service.chains.kits.get(key) if key is not None else None
         if kit is not None and self._fresh(kit):  # a repeat of a kept shape: no resolving, admitting or planning
-            self._submit(req_id, self._chain_work(request, None, key), small=_small_kit(kit))
+            # Stateless repeats queued together share a submission (chain_gather.py).
+            batch = (key, request) if request.ref is None else None
+            self._submit(req_id, self._chain_work(request, None, key), small=_small_kit(kit), batch=batch)
             return
         resolver = self.resolver
         remote = [s.kernel_id for s in _kernels(steps) if resolver.resolve_local(s.kernel_id) is None]
@@ -115,6 +118,10 @@ class SessionMethods:
         else:
             run()
 
+    def unqueue(self, count: int) -> None:  # session work that ran: later work may run inline again
+        with self._queued_lock:
+            self._queued -= count
+
     def _fresh(self, kit: ChainKit) -> bool:
         """Whether every kernel file of a kit still holds the text it was admitted with."""
         resolve = self.resolver.resolve_local
@@ -132,8 +139,7 @@ class SessionMethods:
     def _chain_work(self, request: ChainRequest, chain_steps: tuple[AnyStep, ...] | None, key: tuple | None) -> Work:
         """The chain (its session looked up when it runs): on its shape's kit
         when one fits, else planned whole (its steps resolved then when
-        `chain_steps` is None); its answer, with the gas it used beside it when the
-        caller asked (``usage => true``: ``{Result, #{gas => G}}``, docs/metering.md)."""
+        `chain_steps` is None); its answer (chain_gather.answer_value)."""
         store, chains, ref = self.service.sessions, self.service.chains, request.ref
 
         def work(reader: bool) -> Any:
@@ -148,9 +154,7 @@ class SessionMethods:
                     result = chains.run(chain, reader, key)
             except StepError as exc:
                 raise _shaped(request.method, exc) from None
-            # Buffer names go back as binaries (a str key would become an atom).
-            value = {n.encode(): v for n, v in result.value.items()} if isinstance(result.value, dict) else result.value
-            return with_gas(value, result.gas) if request.metering.usage else value
+            return answer_value(result, request)
 
         return work
 
@@ -185,7 +189,7 @@ class SessionMethods:
         """`run` (on a fetch thread), its failure answered to the caller."""
         return lambda: self.replies.answering(req_id, run)
 
-    def _submit(self, req_id: int, work: Work, small: bool = False) -> None:
+    def _submit(self, req_id: int, work: Work, small: bool = False, batch: tuple | None = None) -> None:
         """Run `work` on the GPU thread, or on this one when it is small and
         nothing else waits (as port/lone_call.py does for small calls:
         waking the GPU thread cost ~0.4 ms of a ~0.9 ms call on lavapipe).
@@ -223,16 +227,16 @@ class SessionMethods:
             try:
                 control(executor)
             finally:
-                with self._queued_lock:
-                    self._queued -= 1
+                self.unqueue(1)
 
+        if batch is not None:  # the GPU loop gathers those of one shape (gpu_loop._gather)
+            gatherable(queued, batch, self)
         with self._queued_lock:
             self._queued += 1
         try:
             self.loop.put(queued)
         except QueueFull:
-            with self._queued_lock:
-                self._queued -= 1
+            self.unqueue(1)
             raise RequestError(req_id, KemError("overloaded", "the GPU queue is full")) from None
 
 

@@ -20,9 +20,11 @@ import wgpu
 
 from kem_port.gpu import contract
 from kem_port.gpu.session.chain_gas import ChainGas, plan_gas
-from kem_port.gpu.session.chain_kit import ChainKit, ChainKits, keepable, tagged, uniform_size
+from kem_port.gpu.session.chain_kit import ChainKit, keepable, tagged, uniform_size
+from kem_port.gpu.session.chain_kits import ChainKits
 from kem_port.gpu.session.chain_plan import Chain, ChainPlan, Planner
-from kem_port.gpu.session.chain_steps import PlannedClear, PlannedCopy, PlannedStep, Slot
+from kem_port.gpu.session.chain_steps import (PlannedClear, PlannedCopy, PlannedStep, Slot, bind_entry, clear_temporaries,
+                                              pad_copy, upload_temporaries)
 from kem_port.gpu.device import Device
 from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.named.named_run import SMALL_INVOCATIONS
@@ -48,6 +50,11 @@ class ChainResult:
 
     value: bytes | dict[str, bytes]
     gas: int
+
+
+def kit_result(kit: ChainKit, results: list[bytes], gas: int) -> ChainResult:
+    """A kit's run as the chain's answer: its one output, or its named buffers."""
+    return ChainResult(results[0] if kit.names is None else dict(zip(kit.names, results)), gas)
 
 
 class ChainRunner:
@@ -118,7 +125,7 @@ class ChainRunner:
             raise
         self.kits.used(key)
         self.stats.bump((("chain_steps", kit.steps), ("chain_kit_runs", 1)))
-        return ChainResult(results[0] if kit.names is None else dict(zip(kit.names, results)), gas)
+        return kit_result(kit, results, gas)
 
     def _kits_for(self, device: wgpu.GPUDevice) -> None:
         """A new device: the old one's kits go (their buffers with it)."""
@@ -237,36 +244,7 @@ class ChainRunner:
         if metered is not None:
             entries[step.pipeline.gas_group] = metered  # type: ignore[index]
         for group, binding, slot in step.storage:
-            entries[group].append(_entry(binding, slot.buffer, slot.offset, slot.size))
+            entries[group].append(bind_entry(binding, slot.buffer, slot.offset, slot.size))
         for (group, binding, data), at in zip(step.uniforms, step.u_offsets):
-            entries[group].append(_entry(binding, u_buf, at, uniform_size(data)))
+            entries[group].append(bind_entry(binding, u_buf, at, uniform_size(data)))
         return [(group, self.pipelines.bind_group(device, step.pipeline, found, group)) for group, found in entries.items()]
-
-
-def upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
-    """The chain's input (and a step's own bytes) uploaded whole,
-    zero-padded to the bound size; pooled buffers hold earlier bytes."""
-    for slot in temporaries:
-        if slot.upload is not None:
-            whole = len(slot.upload) & ~3  # queue writes come in whole words
-            if whole:
-                path.write(slot.buffer, 0, slot.upload, whole)
-            if whole < slot.size:
-                path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
-
-
-def clear_temporaries(encoder, temporaries: list[Slot]) -> None:
-    """Every temporary without bytes to start with is cleared in the
-    chain's own submission, before its first step."""
-    for slot in temporaries:
-        if slot.upload is None:
-            encoder.clear_buffer(slot.buffer, 0, slot.size)
-
-
-def _entry(binding: int, buffer: wgpu.GPUBuffer, offset: int, size: int) -> dict:
-    return {"binding": binding, "resource": {"buffer": buffer, "offset": offset, "size": size}}
-
-
-def pad_copy(slot: Slot) -> int:
-    """Bytes to copy back: whole words covering what the caller sees."""
-    return contract.pad4(slot.logical)

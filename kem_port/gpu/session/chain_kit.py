@@ -32,7 +32,6 @@ size it anew), or one over KIT_BYTES of buffers.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -42,12 +41,11 @@ from kem_port.gpu import contract
 from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.session.chain_gas import ChainGas
-from kem_port.gpu.session.chain_steps import Chain, ChainPlan, PlannedClear, PlannedCopy, PlannedStep, Step
+from kem_port.gpu.session.chain_steps import Chain, ChainPlan, PlannedClear, PlannedCopy, PlannedStep, Step, bind_entry
 from kem_port.gpu.session.kit_commands import compile_commands, encode_native, encode_wrapped
 from kem_port.gpu.session.sessions import Session
 
 KIT_BYTES = 64 << 10  # a kit's temporaries, uniforms and staging: a lone call's bytes (gpu/lone_road.KIT_LIMIT)
-KITS = 32  # request shapes kept: at most ~KITS x 3 x 64 KiB of buffers
 _U = wgpu.BufferUsage
 
 
@@ -91,6 +89,7 @@ class ChainKit:
 
     def __init__(self, device: wgpu.GPUDevice, chain: Chain, plan: ChainPlan, gas: ChainGas, uniform_align: int) -> None:
         self.device, self.session = device, chain.session
+        self.chain = chain  # planned again for a replica (a batch's second run of this shape: chain_batch.py)
         self.generation = chain.session.generation if chain.session is not None else 0
         self.held = chain.session.bytes if chain.session is not None else 0  # the session's bytes it was planned with
         self.steps = len(plan.steps)
@@ -148,6 +147,17 @@ class ChainKit:
 
     def run(self, path: HotPath, spin_s: float, data: bytes, steps: Any) -> tuple[list[bytes], int]:
         """One run with the request's bytes: (the returned buffers' bytes, gas)."""
+        self.upload(path, data, steps)
+        if isinstance(path, NativePath):
+            commands = encode_native(path, [self.commands(path)])
+        else:
+            commands = encode_wrapped(path.encoder(), self.ops)
+        index = path.submit(commands)
+        path.wait(path.map_read(self.staging, 0, self.staging_size), spin_s, index)
+        return self.read(path)
+
+    def upload(self, path: HotPath, data: bytes, steps: Any) -> None:
+        """The request's bytes into the kit's temporaries and uniforms."""
         for buf, origin, size in self.uploads:
             src = _bytes_of(origin, data, steps)
             whole = len(src) & ~3  # queue writes come in whole words; the tail joins its zeros
@@ -161,14 +171,15 @@ class ChainKit:
                 src = _bytes_of(origin, data, steps)
                 packed[at : at + len(src)] = src
             path.write(self.u_buf, 0, packed)
-        if isinstance(path, NativePath):
-            if self.native is None or self.native[0] is not path:
-                self.native = (path, compile_commands(path, self.ops))
-            commands = encode_native(path, self.native[1])
-        else:
-            commands = encode_wrapped(path.encoder(), self.ops)
-        index = path.submit(commands)
-        path.wait(path.map_read(self.staging, 0, self.staging_size), spin_s, index)
+
+    def commands(self, path: NativePath) -> list:
+        """The kit's commands as C calls (kit_commands.py), made once a path."""
+        if self.native is None or self.native[0] is not path:
+            self.native = (path, compile_commands(path, self.ops))
+        return self.native[1]
+
+    def read(self, path: HotPath) -> tuple[list[bytes], int]:
+        """The returned buffers off the mapped staging buffer, then unmapped; and the gas."""
         try:
             view = path.mapped(self.staging, 0, self.staging_size)
             return [bytes(view[at : at + n]) for (_, _, at, _), n in zip(self.copies, self.logical)], self.gas
@@ -195,9 +206,9 @@ def _program(device: wgpu.GPUDevice, plan: ChainPlan, u_buf) -> list[tuple[str, 
                 current = step.pipeline
             entries: dict[int, list[dict]] = {group: [] for group in step.pipeline.layouts}
             for group, binding, slot in step.storage:
-                entries[group].append(_entry(binding, slot.buffer, slot.offset, slot.size))
+                entries[group].append(bind_entry(binding, slot.buffer, slot.offset, slot.size))
             for (group, binding, data), at in zip(step.uniforms, step.u_offsets):
-                entries[group].append(_entry(binding, u_buf, at, uniform_size(data)))
+                entries[group].append(bind_entry(binding, u_buf, at, uniform_size(data)))
             for group, found in entries.items():
                 ops.append(("set_bind_group", (device.create_bind_group(layout=step.pipeline.layouts[group], entries=found), group)))
             ops.append(("dispatch", tuple(step.groups)))
@@ -213,10 +224,6 @@ def _program(device: wgpu.GPUDevice, plan: ChainPlan, u_buf) -> list[tuple[str, 
     if in_pass:
         ops.append(("end_pass", ()))
     return ops
-
-
-def _entry(binding: int, buffer: wgpu.GPUBuffer, offset: int, size: int) -> dict:
-    return {"binding": binding, "resource": {"buffer": buffer, "offset": offset, "size": size}}
 
 
 def keepable(plan: ChainPlan, gas: ChainGas, chain: Chain) -> bool:
@@ -239,42 +246,3 @@ def keepable(plan: ChainPlan, gas: ChainGas, chain: Chain) -> bool:
     held = sum(slot.size for slot in plan.temporaries) + sum(contract.pad4(slot.logical) for slot in plan.returns)
     uniforms = sum(len(data) + 256 for step in plan.steps if type(step) is PlannedStep for _, _, data in step.uniforms)
     return held + uniforms <= KIT_BYTES
-
-
-class ChainKits:
-    """The kits of one device, by request shape, least recently used first out."""
-
-    def __init__(self) -> None:
-        self._kits: OrderedDict[tuple, ChainKit] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._kits)
-
-    def get(self, key: tuple) -> ChainKit | None:
-        return self._kits.get(key)
-
-    def keep(self, key: tuple, kit: ChainKit) -> None:
-        old = self._kits.pop(key, None)
-        if old is not None:
-            old.retire()
-        self._kits[key] = kit
-        while len(self._kits) > KITS:
-            self._kits.popitem(last=False)[1].retire()
-
-    def used(self, key: tuple) -> None:
-        self._kits.move_to_end(key)
-
-    def drop(self, key: tuple) -> None:
-        kit = self._kits.pop(key, None)
-        if kit is not None:
-            kit.retire()
-
-    def forget(self, session: Session) -> None:
-        """A closed session's kits (they hold its buffers' bind groups)."""
-        for key in [k for k, kit in self._kits.items() if kit.session is session]:
-            self.drop(key)
-
-    def clear(self) -> None:
-        kits, self._kits = self._kits, OrderedDict()
-        for kit in kits.values():
-            kit.retire()

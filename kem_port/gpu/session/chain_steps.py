@@ -15,6 +15,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu.contract import pad4
+from kem_port.gpu.hot_path import HotPath
 from kem_port.gpu.session.session_pipelines import SessionPipeline
 from kem_port.gpu.session.sessions import Session
 from kem_port.kernel_store import KernelSource
@@ -142,3 +143,33 @@ class ChainPlan:
     returns: list[Slot]
     named_result: bool
     names: list[str] = field(default_factory=list)  # the returned buffers' names, when named_result
+
+
+def upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
+    """The chain's input (and a step's own bytes) uploaded whole,
+    zero-padded to the bound size; pooled buffers hold earlier bytes."""
+    for slot in temporaries:
+        if slot.upload is not None:
+            whole = len(slot.upload) & ~3  # queue writes come in whole words
+            if whole:
+                path.write(slot.buffer, 0, slot.upload, whole)
+            if whole < slot.size:
+                path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
+
+
+def clear_temporaries(encoder, temporaries: list[Slot]) -> None:
+    """Every temporary without bytes to start with is cleared in the
+    chain's own submission, before its first step."""
+    for slot in temporaries:
+        if slot.upload is None:
+            encoder.clear_buffer(slot.buffer, 0, slot.size)
+
+
+def bind_entry(binding: int, buffer: wgpu.GPUBuffer, offset: int, size: int) -> dict:
+    """A bind group entry over a buffer range (a chain's plans and kits)."""
+    return {"binding": binding, "resource": {"buffer": buffer, "offset": offset, "size": size}}
+
+
+def pad_copy(slot: Slot) -> int:
+    """Bytes to copy back: whole words covering what the caller sees."""
+    return pad4(slot.logical)

@@ -46,14 +46,15 @@ def compile_commands(path: NativePath, ops: list[tuple[str, tuple]]) -> list[tup
     return out
 
 
-def encode_native(path: NativePath, commands: list[tuple[int, Any, tuple]]) -> Any:
-    """One command buffer of `commands` (submit it with path.submit).
-    Errors recorded while encoding come at finish, as wgpu.GPUError."""
+def encode_native(path: NativePath, kits: list[list[tuple[int, Any, tuple]]]) -> Any:
+    """One command buffer of each kit's commands in turn (one kit's, or a
+    batch's: chain_batch.py); submit it with path.submit. Errors recorded
+    while encoding come at finish, as wgpu.GPUError."""
     lib = path.lib
     encoder = path.errors.call(lib.wgpuDeviceCreateCommandEncoder, path.device_handle, path.encoder_desc)
     compute = None
     try:
-        for target, call, args in commands:
+        for target, call, args in (command for commands in kits for command in commands):
             if target is ENCODER:
                 call(encoder, *args)
             elif target is PASS:
