@@ -127,23 +127,26 @@ def check_frame(frame: bytes) -> None:
         raise malformed("not an external term (version byte)")
     pos = 1
     # pending[i]: how many terms the open container at depth i still holds;
-    # maps[i]: whether it is a map (its terms alternate key, value).
+    # a map's count is negative (-2 x its arity, counted up to 0), so its
+    # keys, at the even counts, are told apart at one comparison a term.
     pending = [1]
-    maps = [False]
     nodes = 0
     try:
         while pending:
-            if pending[-1] == 0:
+            count = pending[-1]
+            if count > 0:
+                pending[-1] = count - 1
+            elif count < 0:
+                pending[-1] = count + 1
+                if not count & 1 and frame.startswith(MAP_KEY_CLASH, pos):
+                    raise bad_frame("a map key true, false or a float is not accepted: kem's maps are keyed by names "
+                                    "and binding numbers, and would read true as 1, false as 0, 1.0 as 1")
+            else:
                 pending.pop()
-                maps.pop()
                 continue
-            pending[-1] -= 1
             nodes += 1
             if nodes > MAX_NODES:
                 raise bad_frame(f"the request holds more than {MAX_NODES} terms")
-            if maps[-1] and pending[-1] & 1:
-                _check_key(frame, pos)
-            tag = frame[pos]
             pos, children = _term(frame, pos)
             if pos > end:
                 raise malformed("term ends early")
@@ -151,7 +154,6 @@ def check_frame(frame: bytes) -> None:
                 if len(pending) >= MAX_DEPTH:
                     raise bad_frame(f"the request nests deeper than {MAX_DEPTH}")
                 pending.append(children)
-                maps.append(tag == MAP)
     except IndexError:
         raise malformed("term ends early") from None
     if pos != end:
@@ -161,18 +163,11 @@ def check_frame(frame: bytes) -> None:
 # Map keys that are two keys in Erlang and one in a Python dict: true == 1,
 # false == 0, 1.0 == 1 (erlang-py's map is a dict). #{0 => A, false => B}
 # decoded to {0: B}: kem:run/3 ran B at binding 0 and A went unread.
-# kem's maps are keyed by names and binding numbers, never by these.
-MAP_KEY_CLASH = (b"true", b"false")
-_FLOATS = (70, 99)
-
-
-def _check_key(frame: bytes, pos: int) -> None:
-    tag = frame[pos]
-    width = _ATOMS.get(tag)
-    if tag in _FLOATS or (width is not None and frame[pos + 1 + width : pos + 1 + width + _uint(frame, pos + 1, width)]
-                          in MAP_KEY_CLASH):
-        raise bad_frame("a map key true, false or a float is not accepted: kem's maps are keyed by names and "
-                        "binding numbers, and would read true as 1, false as 0, 1.0 as 1")
+# kem's maps are keyed by names and binding numbers, never by these: each
+# spelling of the two atoms (four atom tags), and both float tags.
+MAP_KEY_CLASH = tuple(bytes([tag]) + length + name for name in (b"true", b"false")
+                      for tag, length in ((119, bytes([len(name)])), (115, bytes([len(name)])),
+                                          (100, bytes([0, len(name)])), (118, bytes([0, len(name)])))) + (b"F", b"c")
 
 
 def _uint(frame: bytes, pos: int, width: int) -> int:
@@ -182,7 +177,8 @@ def _uint(frame: bytes, pos: int, width: int) -> int:
 
 
 def _term(frame: bytes, pos: int) -> tuple[int, int]:
-    """Skip one term's own bytes: (position after them, sub-terms that follow)."""
+    """Skip one term's own bytes: (position after them, sub-terms that
+    follow, negative for a map's)."""
     tag = frame[pos]
     pos += 1
     fixed = _FIXED.get(tag)
@@ -205,8 +201,8 @@ def _term(frame: bytes, pos: int) -> tuple[int, int]:
         if digits > MAX_INT_BYTES:
             raise too_large(f"an integer of {digits} bytes; kem's integers fit in {MAX_INT_BYTES}")
         return pos + width + 1 + digits, 0
-    if tag == MAP:
-        return pos + 4, 2 * _bounded(_uint(frame, pos, 4), MAX_ARITY, "a map")
+    if tag == MAP:  # negative: check_frame counts a map's terms up, keys at the even counts
+        return pos + 4, -2 * _bounded(_uint(frame, pos, 4), MAX_ARITY, "a map")
     if tag == LIST:
         return pos + 4, _bounded(_uint(frame, pos, 4), MAX_LIST, "a list") + 1  # elements, then the tail
     if tag == STRING:
