@@ -101,12 +101,14 @@ def test_huge_integers_and_booleans_are_refused_as_constants(port, value, reason
     assert words(port.call("execute", b"sign", DATA.tobytes(), {"constants": {"S": 1.0}})) == {0x3F800000}
 
 
-def test_an_override_by_name_and_by_id_digits_in_one_call_is_one_value(port):
-    # BIAS is @id(7): both spellings in one map; kem keeps one of them, the
-    # same in the check and in the pipeline, whichever order the map lists.
+def test_an_override_by_name_and_by_id_digits_in_one_call_is_refused(port):
+    # BIAS is @id(7): both spellings in one map. kem kept one of them (the
+    # same in the check and the pipeline), so the caller's other value went
+    # unread with no word; now bad_args, whichever order the map lists
+    # (red team of the named calls, tests/test_red_team_run3.py).
     for opts in ({"SCALE": 1.0, "BIAS": 2.0, "7": 5.0}, {"SCALE": 1.0, "7": 5.0, "BIAS": 2.0}):
-        out = np.frombuffer(port.call("execute", b"scaled", DATA.tobytes(), {"constants": opts}), np.float32)
-        np.testing.assert_array_equal(out, DATA + 2.0)
+        reason, detail = refusal(port, "execute", b"scaled", DATA.tobytes(), {"constants": opts})
+        assert reason == "bad_args" and "BIAS given twice" in detail, detail
 
 
 def test_a_by_id_spelling_and_a_by_name_spelling_give_the_same_values(port):

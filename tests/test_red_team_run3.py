@@ -499,3 +499,29 @@ def test_kept_plans_and_kits_hold_no_callers_bytes(port):
         assert np.frombuffer(got["out"], np.uint32)[0] == a[0] + 1
     grown = port_rss_mib(port) - before
     assert grown < 150, f"the port grew {grown} MiB over 64 calls of 3 MiB"
+
+
+KERNELS["ids"] = """
+override A: f32 = 0.0;
+@id(7) override BIAS: f32 = 0.5;
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(1)
+fn main() { out[0] = bitcast<u32>(A); out[1] = bitcast<u32>(BIAS); }
+"""
+
+
+def test_one_override_given_twice_is_refused_not_one_value_picked(port):
+    """BEFORE: #{'A' => 1.0, <<"A">> => 2.0} (two keys in Erlang) kept the
+    last of the two, and #{<<"7">> => 1.0, <<"BIAS">> => 2.0} (BIAS is
+    @id(7)) ran with one of them: no word said which. Now bad_args naming
+    it, on run and in a chain step; each alone runs with its value."""
+    f = lambda x: int(np.float32(x).view(np.uint32))  # noqa: E731
+    for constants in ({terms.atom("A"): 1.0, b"A": 2.0}, {b"7": 1.0, b"BIAS": 2.0}, {terms.atom("BIAS"): 1.0, b"7": 2.0}):
+        with pytest.raises(PortError) as err:
+            port.call("run", b"ids", {}, {"outputs": {b"out": 8}, "workgroups": (1, 1, 1), "constants": constants})
+        assert err.value.reason == "bad_args" and "twice" in err.value.detail, err.value
+        with pytest.raises(PortError) as err:
+            port.chain([{"kernel": b"ids", "outputs": {b"out": 8}, "workgroups": (1, 1, 1), "constants": constants}])
+        assert err.value.reason == "bad_args" and "twice" in err.value.detail, err.value
+    got = run(port, "ids", {}, outputs={"out": 8}, workgroups=(1, 1, 1), constants={"A": 1.0, "7": 2.0})
+    assert words(got["out"]) == [f(1.0), f(2.0)]

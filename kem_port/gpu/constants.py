@@ -3,15 +3,14 @@ the kernel's ``override`` declarations (gpu/wgsl/wgsl_reflect.py), and an
 override-sized ``@workgroup_size`` resolved to numbers (docs/kernels.md).
 
 * every name must be an override the kernel declares (its name, or the
-  digits of its ``@id``); an unknown one is bad_args naming it and the
-  known ones, never ignored (a misspelt SCALE would run with the default);
+  digits of its ``@id``, not both); an unknown one is bad_args naming it
+  (a misspelt SCALE would run with the default);
 * every override without a default must be given: bad_args naming them
   all (naga would refuse the pipeline with a message about "overrides",
   not which ones). kem does not trace which overrides an entry point
   uses, so this holds for every override the kernel declares;
 * a value must fit its type: u32 and i32 integers in range, f32 and f16
-  finite within their largest values, bool 0 or 1 (WebGPU passes every
-  constant as a double, and a u32 of -1 or 1.5 is refused by the spec).
+  finite, bool 0 or 1 (WebGPU passes doubles; the spec refuses a u32 of 1.5).
 
 What WebGPU receives is keyed as it wants: an override with ``@id(N)`` by
 N's digits, any other by its name.
@@ -67,6 +66,8 @@ def resolved(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | No
             known = ", ".join(o.name for o in shape.overrides) or "none"
             raise bad_args(f"constants: the kernel declares no override {name!r} (its overrides: {known})")
         _check_value(override, value)
+        if override.name in values:  # its name and its @id's digits: one value was kept, unsaid (red team)
+            raise bad_args(f"constants: {override.name} given twice (by its name and its @id)")
         values[override.name] = value
     missing = [o.name for o in shape.overrides if not o.has_default and o.name not in values]
     if missing:
@@ -293,8 +294,7 @@ def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tup
 
 
 def set_key(given: tuple[tuple[str, int | float], ...]) -> tuple:
-    """A constants set as a cache or admission key: the set, then each value's
-    kind and sign in place (0 == -0.0 and 1 == 1.0 in Python, not in WGSL or
-    the checks: {A => 0, B => -0.0} and {A => -0.0, B => 0} were one key, and
-    {N => 1.0} for a u32 ran on {N => 1}'s plan: red team, bitcast told)."""
+    """A constants set as a cache or admission key: the set, then each value's kind and sign in place (0 == -0.0
+    and 1 == 1.0 in Python, not in WGSL or the checks: {A => 0, B => -0.0} and {A => -0.0, B => 0} were one key,
+    and {N => 1.0} for a u32 ran on {N => 1}'s plan: red team, bitcast told)."""
     return given, tuple((type(v) is float, math.copysign(1.0, v) < 0) for _, v in given)

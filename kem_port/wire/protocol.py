@@ -210,6 +210,8 @@ def constants(value: Any) -> tuple[tuple[str, int | float], ...]:
             raise bad_args(f"constants keys must be WGSL identifiers (atoms or binaries), not {shown(key)}")
         if type(item) not in (int, float):
             raise bad_args(f"constants value of {name} must be an integer or a float")
+        if name in named:  # an atom and a binary of one text: two keys in Erlang, one value kept (red team)
+            raise bad_args(f"constants: {name} given twice")
         named[name] = item
     return tuple(sorted(named.items()))
 
