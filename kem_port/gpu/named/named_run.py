@@ -57,6 +57,7 @@ class NamedRuns:
     def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
         """The call's returned buffers by WGSL name, with its gas (.gas).
         Raises KemError (gas_exhausted: a looping kernel passed its budget)."""
+        self._kits.held.clear()  # none, alone (a batch whose planning raised left its own)
         plan = self._plan_of(source, call)
         result, words = self._dispatch(plan, plan.datas(call), plan.shape[:3])
         return named_gas.outputs(result, words, plan.slot, plan.invocations)
