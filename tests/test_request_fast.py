@@ -100,3 +100,24 @@ def test_other_shapes_fall_through_to_erlang_py():
     assert decode_hot(b"\x83P\x00\x00\x00\x10x\x9c") is None  # compressed: refused by terms.decode
     with pytest.raises(KemError):
         terms.decode(b"\x83P\x00\x00\x00\x10x\x9c")
+
+
+def test_a_chains_repeated_steps_are_read_once_and_as_each_alone():
+    """session_protocol.chain_steps reads a repeated step map once; a value
+    that Python calls equal but Erlang does not (true and 1) is not taken
+    for the other, and a bad repeat names its own index."""
+    from kem_port.config import Config
+    from kem_port.gpu.session.chain_steps import StepError
+    from kem_port.wire import session_protocol as sp
+
+    config = Config()
+    kernel = {terms.atom("kernel"): terms.Binary(b"double")}
+    sized = {**kernel, terms.atom("output_size"): 1}
+    frame = request(1, "chain", ([kernel, sized, kernel, sized], {}))
+    steps = sp.chain_steps(decode_hot(frame)[3][0], config)
+    assert [s.output_size for s in steps] == [None, 1, None, 1]
+    assert steps == sp.chain_steps(erlang.binary_to_term(frame)[3][0], config)  # erlang-py's terms read alike
+    bad = {**kernel, terms.atom("output_size"): True}
+    with pytest.raises(StepError) as err:
+        sp.chain_steps(decode_hot(request(1, "chain", ([sized, bad], {})))[3][0], config)
+    assert err.value.step == 1 and "output_size" in err.value.detail

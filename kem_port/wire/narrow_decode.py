@@ -61,7 +61,7 @@ _atoms: dict[bytes, Any] = {}  # atom encodings seen -> the value erlang-py give
 _Binary = erlang.OtpErlangBinary
 
 
-class _Atom(erlang.OtpErlangAtom):
+class CachedAtom(erlang.OtpErlangAtom):
     """erlang-py's atom, its encoding kept: erlang-py's own __hash__ and
     __eq__ encode it again on every use (~1 us), and a frame's map keys
     are hashed as they are stored and looked up (7% of a loaded port's
@@ -85,7 +85,7 @@ class _Atom(erlang.OtpErlangAtom):
 
 # undefined is an atom too; true and false are not taken (True == 1 and
 # False == 0 in a dict: etf_guard refuses such a key, MAP_KEY_CLASH).
-_MAP_KEYS = (_Atom, _Binary, int, type(None))  # exact types: erlang-py's own atom never comes from here
+_MAP_KEYS = (CachedAtom, _Binary, int, type(None))  # exact types: erlang-py's own atom never comes from here
 _int32 = struct.Struct(">i").unpack_from
 _uint32 = struct.Struct(">I").unpack_from
 _uint16 = struct.Struct(">H").unpack_from
@@ -209,7 +209,7 @@ def _atom(tag: int, name: bytes) -> Any:
     if name in _SPECIAL_ATOMS:
         value = _SPECIAL_ATOMS[name]
     else:
-        value = _Atom(name.decode("utf-8") if tag in (_ATOM_UTF8, _SMALL_ATOM_UTF8) else name)
+        value = CachedAtom(name.decode("utf-8") if tag in (_ATOM_UTF8, _SMALL_ATOM_UTF8) else name)
     if len(_atoms) < _ATOM_CACHE:
         _atoms[bytes([tag]) + (len(name).to_bytes(1 if tag in (_SMALL_ATOM, _SMALL_ATOM_UTF8) else 2, "big")) + name] = value
     return value

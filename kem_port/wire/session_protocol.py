@@ -21,7 +21,8 @@ from kem_port.wire import protocol
 from kem_port.wire.protocol import (
     MAX_GAS, _entry_point, _grid, _kernel_id, _params, _positive_int, _workgroups, constants, dispatch_given,
 )
-from kem_port.wire.terms import atom_name, binary_bytes
+from kem_port.wire.narrow_decode import CachedAtom
+from kem_port.wire.terms import Atom, Binary, atom_name, binary_bytes
 
 SESSION_METHODS = (
     "session_open", "session_close", "buffer_create", "buffer_write", "buffer_read",
@@ -98,6 +99,9 @@ def size(value: Any, what: str, config: Config, minimum: int = 0) -> int:
     if value > config.max_output_bytes:
         raise too_large(f"{what} {value} is over KEM_MAX_OUTPUT_BYTES={config.max_output_bytes}")
     return value
+
+
+_SAME_TYPES = (Binary, int, Atom, CachedAtom)
 
 
 def arity(args: tuple, n: int, shape: str) -> None:
@@ -221,15 +225,37 @@ def chain_steps(value: Any, config: Config) -> list[StepArgs | CopyStep | ClearS
         raise bad_args("Steps must be a non-empty list of maps")
     if len(value) > MAX_STEPS:
         raise too_large(f"{len(value)} steps; a chain has at most {MAX_STEPS}")
-    steps = []
+    steps, seen = [], {}
     for index, step in enumerate(value):
-        try:
-            steps.append(step_args(step, config))
-        except StepError:
-            raise
-        except KemError as exc:
-            raise StepError(index, exc) from None
+        key = _same_as(step)
+        found = seen.get(key) if key is not None else None
+        if found is None:
+            try:
+                found = step_args(step, config)
+            except StepError:
+                raise
+            except KemError as exc:
+                raise StepError(index, exc) from None
+            if key is not None:
+                seen[key] = found
+        steps.append(found)
     return steps
+
+
+def _same_as(step: Any) -> frozenset | None:
+    """A step map of atoms, binaries and integers as a key, each value with
+    its type (true == 1 in Python): a chain's repeated steps (ten `double`s)
+    are read once. Reading a step cost ~3.5 us; 34% of a loaded H100 port's
+    reader at 64 callers of 10-step chains went to chain_steps (py-spy).
+    None for any other step (tuples, maps, floats): read each time."""
+    if type(step) is not dict or len(step) > 4:
+        return None
+    items = []
+    for key, item in step.items():
+        if type(item) not in _SAME_TYPES:
+            return None
+        items.append((type(key), key, type(item), item))
+    return frozenset(items)
 
 
 def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None, Metering]:
