@@ -525,3 +525,39 @@ def test_one_override_given_twice_is_refused_not_one_value_picked(port):
         assert err.value.reason == "bad_args" and "twice" in err.value.detail, err.value
     got = run(port, "ids", {}, outputs={"out": 8}, workgroups=(1, 1, 1), constants={"A": 1.0, "7": 2.0})
     assert words(got["out"]) == [f(1.0), f(2.0)]
+
+
+# -- "$" matched before a trailing newline -------------------------------------------
+
+def test_a_buffer_name_with_a_trailing_newline_is_refused(port):
+    """BEFORE: sessions.NAME ended in "$", which also matches before a final
+    newline: a chain's `outputs` and `bind` took "c2\\n", and its result came
+    back under that name (dev_kem put it in a multipart part's name, a
+    header line: kem_red_team3_tests). Now bad_args, as "c 2" is."""
+    a = np.arange(4, dtype=np.uint32)
+    step = {"kernel": b"plus", "buffers": {b"a": a.tobytes()}, "grid": (4, 1, 1)}
+    assert np.array_equal(np.frombuffer(port.chain([{**step, "outputs": {b"c2": 16}, "bind": {b"out": b"c2"}}])["c2"], np.uint32), a + 1)
+    for name in (b"c2\n", b"c2\r\n", b"c 2"):
+        with pytest.raises(PortError) as err:
+            port.chain([{**step, "outputs": {name: 16}, "bind": {b"out": name}}])
+        assert err.value.reason == "bad_args", err.value
+
+
+def test_warm_takes_whole_kernel_ids_only(tmp_path):
+    """BEFORE: warm read its shapes with KERNEL_ID.match, a prefix match:
+    "sub/../../outside/evil" passed (its first three letters), and the
+    kernel store, which relies on ids of [A-Za-z0-9_-] only, read and
+    compiled outside/evil.wgsl, outside the kernel directory. Warm's shapes
+    come from the node, which sends only ids it served; now fullmatch."""
+    kernels, outside = tmp_path / "kernels", tmp_path / "outside"
+    (kernels / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (kernels / "inc.wgsl").write_text(KERNELS["inc"])
+    (outside / "evil.wgsl").write_text(KERNELS["inc"])
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(tmp_path / "cache")) as p:
+        for kid, entry in ((b"sub/../../outside/evil", b"main"), (b"inc", b"main\n"), (b"inc\n", b"main")):
+            with pytest.raises(PortError) as err:
+                p.call("warm", [(kid, entry, False)])
+            assert err.value.reason == "bad_args", err.value
+        counts = {terms.atom_name(k): v for k, v in p.call("warm", [(b"inc", b"main", False)]).items()}
+        assert counts["compiled"] == 1

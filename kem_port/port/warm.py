@@ -64,7 +64,7 @@ def parse_shapes(args: tuple) -> list[Shape]:
         if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[2], bool)):
             raise bad_args("each warm entry is {KernelId, EntryPoint, WithParams :: boolean()}")
         kid, entry_point = _text(entry[0]), _text(entry[1])
-        if kid is None or not KERNEL_ID.match(kid) or entry_point is None or not ENTRY_POINT.match(entry_point):
+        if kid is None or not KERNEL_ID.fullmatch(kid) or entry_point is None or not ENTRY_POINT.fullmatch(entry_point):
             raise bad_args("warm entry: a kernel id and an entry point name")
         shapes.append(Shape(kid, entry_point, entry[2]))
     return shapes

@@ -204,7 +204,7 @@ field(N, Key, _, _) when is_binary(Key) ->
 gas_limit(none, Opts) -> Opts;
 gas_limit(N, Opts) when is_integer(N), N >= 1, N < 1 bsl 63 -> Opts#{gas_limit => N};
 gas_limit(Digits, Opts) when is_binary(Digits), byte_size(Digits) =< 19 ->
-    case re:run(Digits, <<"^[0-9]+$">>) of
+    case re:run(Digits, <<"^[0-9]+$">>, [dollar_endonly]) of  % $ alone took "100\n": binary_to_integer raised
         {match, _} -> gas_limit(binary_to_integer(Digits), Opts);
         nomatch -> gas_limit(bad, Opts)
     end;

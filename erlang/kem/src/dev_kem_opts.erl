@@ -140,7 +140,7 @@ first_bad([{K, _} | Rest], [{{ok, Name}, {ok, V}} | Checked], Acc) ->
     end.
 
 name(K) when is_binary(K), byte_size(K) >= 1, byte_size(K) =< ?MAX_NAME ->
-    case re:run(K, <<"^[A-Za-z_][A-Za-z0-9_]*$">>, [{capture, none}]) of
+    case re:run(K, <<"^[A-Za-z_][A-Za-z0-9_]*$">>, [{capture, none}, dollar_endonly]) of
         match -> {ok, K};
         nomatch -> error
     end;
@@ -175,7 +175,7 @@ integer_text(_) -> error.
 %% rebuilt in that form.
 float_text(Text) ->
     case re:run(Text, <<"^([+-]?)([0-9]*)(?:\\.([0-9]*))?(?:[eE]([+-]?[0-9]{1,4}))?$">>,
-                [{capture, all_but_first, binary}]) of
+                [{capture, all_but_first, binary}, dollar_endonly]) of
         {match, [Sign, Int, Frac | Exp]} when Int =/= <<>>; Frac =/= <<>> ->
             Zero = fun(<<>>) -> <<"0">>; (B) -> B end,
             E = case Exp of [X] when X =/= <<>> -> <<"e", X/binary>>; _ -> <<>> end,

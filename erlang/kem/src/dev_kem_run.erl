@@ -97,7 +97,7 @@ reply_buffers(Returned) ->
     end.
 
 plain_name(N) when is_binary(N), byte_size(N) > 0, byte_size(N) =< 128 ->
-    re:run(N, <<"^[A-Za-z_][A-Za-z0-9_]*$">>, [{capture, none}]) =:= match;
+    re:run(N, <<"^[A-Za-z_][A-Za-z0-9_]*$">>, [{capture, none}, dollar_endonly]) =:= match;  % $ alone took <<"c2\n">>
 plain_name(_) -> false.
 
 total(Map) -> lists:sum([byte_size(B) || B <- maps:values(Map), is_binary(B)]).

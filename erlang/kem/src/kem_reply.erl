@@ -148,13 +148,13 @@ kernel_ids(_) -> <<"none">>.
 %% plain name.
 reason_name(Reason) ->
     Name = atom_to_binary(Reason, utf8),
-    case re:run(Name, <<"^[a-z][a-z0-9_]{0,63}$">>, [{capture, none}]) of
+    case re:run(Name, <<"^[a-z][a-z0-9_]{0,63}$">>, [{capture, none}, dollar_endonly]) of
         match -> Name;
         nomatch -> <<"internal">>
     end.
 
 token(Key) when is_binary(Key), byte_size(Key) > 0, byte_size(Key) =< 64 ->
-    re:run(Key, <<"^[a-z0-9-]+$">>, [{capture, none}]) =:= match;
+    re:run(Key, <<"^[a-z0-9-]+$">>, [{capture, none}, dollar_endonly]) =:= match;  % no key ending in LF
 token(_) -> false.
 
 line(Value) when is_binary(Value), byte_size(Value) =< ?MAX_HEADER ->

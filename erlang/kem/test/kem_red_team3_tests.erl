@@ -35,7 +35,8 @@ red_team_test_() ->
       {timeout, 60, fun a_chain_reads_only_buffers_it_made/0},
       {timeout, 60, fun untrusted_text_stays_out_of_reply_values/0},
       {timeout, 60, fun json_bytes_outside_0_255_and_over_budget/0},
-      {timeout, 60, fun bad_constants_name_the_step/0}]}.
+      {timeout, 60, fun bad_constants_name_the_step/0},
+      {timeout, 60, fun a_trailing_newline_is_no_name_nor_digits/0}]}.
 
 from_words(Ws) -> << <<W:32/little>> || W <- Ws >>.
 random_words(N) -> [rand:uniform(1 bsl 31) || _ <- lists:seq(1, N)].
@@ -173,3 +174,25 @@ bad_constants_name_the_step() ->
          assert_no_internals(D)
      end || C <- [#{<<"x\r\ny">> => 1}, #{<<"factor">> => <<"1e999">>}, #{<<"nope">> => 1}, #{<<"factor">> => true},
                   #{<<"f">> => -0.0}, #{<<"__x">> => 1}]].
+
+%% BEFORE: `$' in Python's re and in PCRE also matches before a final
+%% newline. A chain's buffer named <<"c2\n">> passed the port's name check
+%% (sessions.NAME) and dev_kem_run's plain_name, and came back as the
+%% nested key `buffers/c2\n' (a multipart part's name, a header line);
+%% "gas-limit": "100\n" passed the digits check and binary_to_integer/1
+%% raised badarg out of dev_kem:execute_chain (no reply). Now each is a 400.
+a_trailing_newline_is_no_name_nor_digits() ->
+    N = 4, A = from_words(random_words(N)),
+    Step = fun(Name) -> #{<<"kernel-id">> => <<"add">>, <<"buffers">> => #{<<"a">> => binary_to_list(A), <<"b">> => binary_to_list(A)},
+                          <<"outputs">> => #{Name => 4 * N}, <<"bind">> => #{<<"c">> => Name}, <<"grid">> => [N, 1, 1]} end,
+    Json = fun(Body) -> dev_kem:execute_chain(#{}, #{<<"body">> => kem_json:encode(Body)}, #{}) end,
+    ?assertMatch({ok, #{<<"buffers">> := #{<<"c2">> := _}}}, Json(#{<<"steps">> => [Step(<<"c2">>)]})),
+    [begin
+         Reply = Json(#{<<"steps">> => [Step(Name)]}),
+         case Reply of
+             {ok, #{<<"buffers">> := Nested}} -> ?assertEqual([], [K || K <- maps:keys(Nested), binary:match(K, [<<"\n">>, <<"\r">>]) =/= nomatch]);
+             _ -> refused(400, <<"step 1: ">>, Reply)
+         end
+     end || Name <- [<<"c2\n">>, <<"c2\r\n">>]],
+    refused(400, <<"gas-limit">>, Json(#{<<"steps">> => [Step(<<"c2">>)], <<"gas-limit">> => <<"100\n">>})),
+    ?assertMatch({ok, _}, Json(#{<<"steps">> => [Step(<<"c2">>)], <<"gas-limit">> => <<"100000">>})).

@@ -26,7 +26,7 @@ from kem_port.errors import KemError, bad_args
 from kem_port.gpu.device import Device
 from kem_port.gpu.hot_path import HotPath
 
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # a WGSL identifier
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")  # a WGSL identifier; \Z: "$" took "c2\n" (red team)
 KIND = "session"
 MAX_SESSIONS = 4096  # per port
 MAX_BUFFERS = 1024  # per session
