@@ -267,8 +267,9 @@ def _kit_key(request: ChainRequest) -> tuple | None:
         given += len(s.params or b"") + (sum(map(len, s.buffers.values())) if s.buffers else 0)
     if given > KIT_BYTES:
         return None
+    shapes: dict[int, tuple] = {}  # a step read once for its repeats (session_protocol.chain_steps) is keyed once
     return (request.method, request.ref, given, len(request.data), request.returns, request.metering.gas_limit,
-            tuple(sp.shape_key(s) for s in request.steps))
+            tuple(shapes.get(id(s)) or shapes.setdefault(id(s), sp.shape_key(s)) for s in request.steps))
 
 
 def _small_kit(kit: ChainKit) -> bool:
