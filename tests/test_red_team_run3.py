@@ -17,7 +17,19 @@ Findings (each test below failed before its fix):
   kem:run/3's #{0 => A, false => B} ran with B bound at binding 0 and no
   word said so.
   etf_guard now refuses a map key true, false or a float (bad_frame, to the
-  caller), and the narrow decoder leaves such a map to it.
+  caller), and the narrow decoder leaves such a map to it;
+* a chain step's constants naming an override its kernel lacks raised
+  KeyError in the compile guard's admission (`internal`, a 500);
+* a batch of named calls (gpu_loop gathers one kernel's) with more shapes
+  than the 16 kits kept released its own earlier kits while planning its
+  later calls, and a batch-mate's gpu_error on a shape over 4 MiB dropped
+  the batch's kits: every call of the batch a gpu_error;
+* kept plans and kits held their first caller's bytes (250 MiB for 64
+  calls of 3 MiB; a caller's bytes stayed in the port);
+* one override given twice (by name and @id, or atom and binary) ran with
+  one of the two values, unsaid;
+* "$" matched before a trailing newline: a chain buffer named "c2\n"; and
+  warm's prefix match let "sub/../../outside/evil" reach the kernel store.
 
 Held (regression tests): see each test's docstring.
 """

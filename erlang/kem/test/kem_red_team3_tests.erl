@@ -9,7 +9,9 @@
 %%% went unread with no word on `run' (and likewise an output size given
 %%% twice). And a chain step's constants naming an override the kernel
 %%% lacks raised KeyError in the port's admission (a 500 `internal'): now
-%%% 400 naming it. Now a 400 naming the slot, as the port
+%%% 400 naming it. And `$' in the name and digit checks matched before a
+%%% final newline: a chain buffer <<"c2\n">> came back as a reply's nested
+%%% key, and "gas-limit": "100\n" raised badarg out of execute_chain. Now a 400 naming the slot, as the port
 %%% answers a name given twice.
 %%%
 %%% Held: a chain that reads or binds a buffer it did not make is a 4xx
