@@ -573,3 +573,26 @@ def test_warm_takes_whole_kernel_ids_only(tmp_path):
             assert err.value.reason == "bad_args", err.value
         counts = {terms.atom_name(k): v for k, v in p.call("warm", [(b"inc", b"main", False)]).items()}
         assert counts["compiled"] == 1
+
+
+def test_a_batch_of_one_shape_on_replicas_sees_only_its_own_bytes(port):
+    """Held: 12 calls of `reveal` queued together, lengths 21..24 (one
+    padded shape: the kit and its replicas), random bytes each, then the
+    same again: every call reads its own bytes and zeros where its binding
+    is padded, never a batch-mate's or the previous batch's."""
+    rng = np.random.default_rng(43)
+    opts_spin = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}
+    run(port, "reveal", {"a": b"\1" * 24, "io": b"\2" * 24}, outputs={"seen": 128, "partial": 4}, workgroups=(1, 1, 1))
+    batches = lambda: {terms.atom_name(k): v for k, v in port.call("stats").items()}.get("named_batches", 0)  # noqa: E731
+    before = batches()
+    for _ in range(2):
+        long = port.call_async("run", b"spin", {b"input": spin_input(4000, 9)}, opts_spin)
+        calls = [(rng.integers(0, 256, int(rng.integers(21, 25)), dtype=np.uint8).tobytes(),
+                  rng.integers(0, 256, int(rng.integers(21, 25)), dtype=np.uint8).tobytes()) for _ in range(12)]
+        futures = [port.call_async("run", b"reveal", {b"a": a, b"io": io}, {"outputs": {b"seen": 128, b"partial": 4},
+                                                                          "workgroups": (1, 1, 1)}) for a, io in calls]
+        long.result(120)
+        for (a, io), fut in zip(calls, futures):
+            got = {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in fut.result(120).items()}
+            assert got == reveal_expected(a, io, 4)
+    assert batches() >= before + 2
