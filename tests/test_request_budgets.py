@@ -200,3 +200,30 @@ def test_a_loop_free_warm_call_still_runs_inline(rng):
             before = stat(port, "inline_calls")
             assert port.call("execute_kernel", b"double", words.tobytes(), 1) == doubled(words, 1)
             assert stat(port, "inline_calls") == before + 1
+
+
+def test_a_chains_max_bytes_bounds_its_bytes_and_work_below_the_ports(rng):
+    """max_bytes (the node's request budget, kem:request_chain_usage/2)
+    counts the planned chain: a step's output, and a dispatch's
+    invocations, past it are refused naming the node's budget; within it
+    the chain runs; a budget over the port's own is the port's."""
+    with port_killed_after() as port:
+        words = rng.integers(0, 2**31, 64, dtype=np.uint32)
+
+        def chain(steps, max_bytes):
+            return port.call("chain", terms.atom("undefined"), steps, {"input": words.tobytes(), "max_bytes": max_bytes})
+
+        assert chain([{"kernel": "double"}], 256) == doubled(words, 1)
+        with pytest.raises(PortError) as err:  # 256 B in, 512 B made: over a 300-byte budget
+            chain([{"kernel": "double", "output_size": 512}], 300)
+        assert err.value.reason == "too_large" and "request_max_output_bytes" in err.value.detail
+        # 16,384 workgroups of 256 invocations: 4M invocations, over what a 64 KiB budget allows (16,384)
+        with pytest.raises(PortError) as err:
+            chain([{"kernel": "double", "workgroups": (16384, 1, 1)}], 65536)
+        assert err.value.reason == "bad_args" and "workgroups" in err.value.detail
+        assert chain([{"kernel": "double", "workgroups": (64, 1, 1)}], 65536) == doubled(words, 1)
+        assert chain([{"kernel": "double"}], 1 << 62) == doubled(words, 1)  # the port's own budget
+        for bad in (-1, 1.5, b"4"):
+            with pytest.raises(PortError) as err:
+                chain([{"kernel": "double"}], bad)
+            assert err.value.reason == "bad_args" and "max_bytes" in err.value.detail

@@ -150,7 +150,8 @@ class SessionMethods:
                 result = chains.run_kit(key, session, request.data, request.steps, reader) if chain_steps is None else None
                 if result is None:
                     found = chain_steps if chain_steps is not None else self._steps(request.steps)
-                    chain = Chain(found, request.data, request.returns, session, request.metering.gas_limit)
+                    chain = Chain(found, request.data, request.returns, session, request.metering.gas_limit,
+                                  request.metering.max_bytes)
                     result = chains.run(chain, reader, key)
             except StepError as exc:
                 raise _shaped(request.method, exc) from None
@@ -268,7 +269,7 @@ def _kit_key(request: ChainRequest) -> tuple | None:
     if given > KIT_BYTES:
         return None
     shapes: dict[int, tuple] = {}  # a step read once for its repeats (session_protocol.chain_steps) is keyed once
-    return (request.method, request.ref, given, len(request.data), request.returns, request.metering.gas_limit,
+    return (request.method, request.ref, given, len(request.data), request.returns, request.metering,
             tuple(shapes.get(id(s)) or shapes.setdefault(id(s), sp.shape_key(s)) for s in request.steps))
 
 

@@ -9,7 +9,7 @@ anything is allocated; kernel ids are resolved by the router.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kem_port.config import Config
@@ -35,7 +35,7 @@ STEP_KEYS = ("kernel", "params", "workgroups", "entry_point", "bind", "input", "
 # gas_limit and usage are the call's or the whole chain's, not a step's (gpu/session/chain_gas.py)
 CALL_OPTS = ("output_size", "params", "workgroups", "entry_point", "bind", "grid", "constants", "buffers", "outputs",
              "gas_limit", "usage")
-CHAIN_OPTS = ("input", "return", "gas_limit", "usage")
+CHAIN_OPTS = ("input", "return", "gas_limit", "usage", "max_bytes")
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,14 @@ def _step_buffers(value: Any, config: Config) -> dict[str, bytes]:
 
 @dataclass(frozen=True)
 class Metering:
-    """A call's or chain's gas options (docs/metering.md)."""
+    """A call's or chain's budgets and gas options (docs/metering.md)."""
 
     gas_limit: int | None = None  # the whole chain's budget; None: the node's KEM_GAS_LIMIT
     usage: bool = False  # answer {Result, #{gas => G}} (port/replies.with_gas)
+    # A chain's bytes and work, below the port's own KEM_MAX_OUTPUT_BYTES: the
+    # node's request budget (kem:request_chain_usage/2 sends it for dev_kem),
+    # counted here exactly on the planned chain (gpu/session/chain_budget.py).
+    max_bytes: int | None = None
 
 
 def call_step(kernel: Any, data: bytes, opts_term: Any, config: Config) -> tuple[StepArgs, Metering]:
@@ -261,6 +265,11 @@ def _same_as(step: Any) -> frozenset | None:
 def chain_opts(value: Any, config: Config) -> tuple[bytes, tuple[str, ...] | None, Metering]:
     opts = options(value, CHAIN_OPTS, "chain option")
     gas = _metering(opts.get("gas_limit"), opts.get("usage", False))
+    if "max_bytes" in opts:  # a node's budget over the port's own is the port's
+        limit = opts["max_bytes"]
+        if type(limit) is not int or limit < 0:
+            raise bad_args("max_bytes must be an integer >= 0 (bytes)")
+        gas = replace(gas, max_bytes=min(limit, config.max_output_bytes))
     data = binary(opts["input"], "input", config) if "input" in opts else b""
     returns = None
     if "return" in opts:

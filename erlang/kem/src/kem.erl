@@ -210,7 +210,10 @@ request_chain_usage(Steps, Opts) when is_list(Steps), is_map(Opts) ->
         true -> {{error, {too_large, over_budget(byte_size(Input), Budget)}}, no_usage()};
         false ->
             case kem_chain_budget:check(proper(Steps), Input, Budget) of
-                ok -> chain_checked(Steps, (maps:without([session], Opts))#{usage => true});
+                %% The port counts the planned chain against the same budget exactly
+                %% (max_bytes, docs/sessions.md): kem_chain_budget cannot see a
+                %% kernel's shape, nor its dispatch's invocations.
+                ok -> chain_checked(Steps, (maps:without([session], Opts))#{usage => true, max_bytes => Budget});
                 Refused -> {Refused, no_usage()}
             end
     end;

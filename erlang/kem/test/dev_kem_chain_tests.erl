@@ -49,6 +49,7 @@ chain_test_() ->
       {timeout, 60, fun bad_fields_name_the_step_and_field/0},
       {timeout, 60, fun over_the_request_budget_is_413/0},
       {timeout, 60, fun kem_shaped_step_with_outputs_makes_binding_1/0},
+      {timeout, 60, fun the_port_counts_a_steps_work_against_the_request_budget/0},
       {timeout, 60, fun named_chain_over_real_http/0}]}.
 
 from_words(Ws) -> << <<W:32/little>> || W <- Ws >>.
@@ -188,6 +189,25 @@ over_the_request_budget_is_413() ->
         assert_refused(413, 1, <<"12292 bytes">>, json(#{<<"steps">> => [Sum#{<<"outputs">> => #{<<"c">> => 4 * N + 1}}]})),
         assert_refused(413, 1, <<"over this request's limit">>,
                        json(#{<<"steps">> => [Sum#{<<"outputs">> => #{<<"c">> => 1 bsl 40}}]}))
+    after
+        application:set_env(kem, request_max_output_bytes, Default)
+    end.
+
+%% kem_chain_budget bounds a step's workgroups by the request's words; the
+%% port, given the request budget (max_bytes), bounds its invocations as a
+%% call's: 1,000 workgroups of 64 passed before (64,000 invocations under a
+%% 12 KiB budget, whose largest call launches 3,072), now a 400 naming them.
+the_port_counts_a_steps_work_against_the_request_budget() ->
+    {ok, Default} = application:get_env(kem, request_max_output_bytes),
+    N = 1024,
+    ok = application:set_env(kem, request_max_output_bytes, 3 * 4 * N),
+    try
+        A = random_words(N), B = random_words(N),
+        [Add, _] = steps(binary_to_list(from_words(A)), binary_to_list(from_words(B)), N, 5),
+        Wide = maps:remove(<<"grid">>, Add#{<<"workgroups">> => [1000, 1, 1]}),
+        assert_refused(400, 1, <<"workgroups">>, json(#{<<"steps">> => [Wide]})),
+        Fits = maps:remove(<<"grid">>, Add#{<<"workgroups">> => [N div 64, 1, 1]}),
+        ?assertEqual({ok, #{<<"c">> => expected(A, B, 1)}}, buffers(json(#{<<"steps">> => [Fits]})))
     after
         application:set_env(kem, request_max_output_bytes, Default)
     end.

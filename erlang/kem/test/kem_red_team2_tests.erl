@@ -202,23 +202,32 @@ runaway_batched_after_an_innocent_call_is_blamed() ->
 %% stranger's chain of kem's own `double' alone ran ~N times the largest
 %% call and timed out on the GPU, and "a chain of one kernel quarantines
 %% that kernel" refused `double' to every caller for 60 s.
+%% Since the port counts a chain against the node's request budget
+%% (max_bytes), a step past the largest dev_kem call's work is refused
+%% before it runs; a chain within it (16 such steps) still times out here
+%% and quarantines `double' in chains only.
 a_chain_of_an_innocent_kernel_cannot_quarantine_it() ->
     Largest = crypto:strong_rand_bytes(4 bsl 20),
     T0 = now_ms(),
     {ok, _} = kem:request(execute_kernel, {<<"double">>, Largest, 4}),
     CallMs = now_ms() - T0,
     Half = 8 bsl 20,
-    Steps = [#{<<"kernel-id">> => <<"double">>, <<"output">> => <<"a">>, <<"output-size">> => Half},
-             #{<<"kernel-id">> => <<"double">>, <<"output">> => <<"b">>, <<"output-size">> => Half}
-             | [#{<<"kernel-id">> => <<"double">>, <<"input">> => In, <<"output">> => Out,
-                  <<"workgroups">> => [65535, 4, 1]}
-                || _ <- lists:seq(1, 7), {In, Out} <- [{<<"a">>, <<"b">>}, {<<"b">>, <<"a">>}]]],
-    Body = kem_json:encode(#{<<"input-data">> => [1, 2, 3, 4], <<"steps">> => Steps}),
+    Chain = fun(Groups) ->
+        Steps = [#{<<"kernel-id">> => <<"double">>, <<"output">> => <<"a">>, <<"output-size">> => Half},
+                 #{<<"kernel-id">> => <<"double">>, <<"output">> => <<"b">>, <<"output-size">> => Half}
+                 | [#{<<"kernel-id">> => <<"double">>, <<"input">> => In, <<"output">> => Out, <<"workgroups">> => Groups}
+                    || _ <- lists:seq(1, 7), {In, Out} <- [{<<"a">>, <<"b">>}, {<<"b">>, <<"a">>}]]],
+        {length(Steps), kem_json:encode(#{<<"input-data">> => [1, 2, 3, 4], <<"steps">> => Steps})}
+    end,
+    {_, Wide} = Chain([65535, 4, 1]),  % 262,140 workgroups a step: 64x the largest call's
+    {error, #{<<"status">> := 400, <<"body">> := Refusal}} = dev_kem:execute_chain(#{}, #{<<"body">> => Wide}, #{}),
+    ?assertNotEqual(nomatch, binary:match(Refusal, <<"workgroups (65535, 4, 1)">>)),
+    {StepCount, Body} = Chain([16384, 1, 1]),  % the largest call's 4,194,304 invocations a step
     T1 = now_ms(),
     Free = dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{}),
     ChainMs = now_ms() - T1,
     io:format(user, "~nlargest dev_kem call of double: ~b ms (~b bytes out); its chain of ~b steps, ~b bytes of JSON: "
-              "~b ms, ~p~n", [CallMs, 16 bsl 20, length(Steps), byte_size(Body), ChainMs, element(1, Free)]),
+              "~b ms, ~p~n", [CallMs, 16 bsl 20, StepCount, byte_size(Body), ChainMs, element(1, Free)]),
     {ok, Default} = application:get_env(kem, timeout),
     %% Every legitimate call of double is well within the timeout.
     Timeout = max(4 * CallMs, 300),
@@ -227,9 +236,14 @@ a_chain_of_an_innocent_kernel_cannot_quarantine_it() ->
         Reply = dev_kem:execute_chain(#{}, #{<<"body">> => Body}, #{}),
         io:format(user, "timeout ~b ms: the chain ~p~n", [Timeout, trim_reply(Reply)]),
         ok = kem_test_app:wait_for_service(20000),
-        %% Its chains are refused a while (the chain's cost is the
-        %% requester's); its calls are everyone's and stay served.
-        ?assertMatch({error, {quarantined, _}}, kem_quarantine:check({chain, <<"double">>})),
+        %% Within the budget the chain ran ~3x the largest call on lavapipe:
+        %% near the timeout. If it timed out, its chains are refused a while
+        %% (the chain's cost is the requester's); either way its calls are
+        %% everyone's and stay served.
+        case Reply of
+            {ok, _} -> ?assertEqual(ok, kem_quarantine:check({chain, <<"double">>}));
+            {error, _} -> ?assertMatch({error, {quarantined, _}}, kem_quarantine:check({chain, <<"double">>}))
+        end,
         ?assertEqual(ok, kem_quarantine:check(<<"double">>)),
         ?assertEqual({ok, <<2, 6, 10, 14>>}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{}))
     after

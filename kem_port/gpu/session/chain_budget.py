@@ -35,8 +35,8 @@ def _ceil_div(a: int, b: int) -> int:
 class ChainBudget:
     """The running totals of one chain being planned."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int, source: str = "KEM_MAX_OUTPUT_BYTES") -> None:
+        self.max_bytes, self.source = max_bytes, source  # source: the setting the budget comes from
         self.max_words = _ceil_div(max_bytes, 4)  # invocations of the largest call
         self.bytes = 0
         self.invocations = 0
@@ -46,7 +46,7 @@ class ChainBudget:
         self.bytes += size
         if self.bytes > self.max_bytes:
             raise too_large(f"{what} of {size} bytes brings the chain's buffers to {self.bytes} bytes, "
-                            f"over one request's budget of {self.max_bytes} (KEM_MAX_OUTPUT_BYTES)")
+                            f"over one request's budget of {self.max_bytes} ({self.source})")
 
     def add_dispatch(self, entry: EntryPoint | None, groups: tuple[int, int, int]) -> None:
         """A step's dispatch: its workgroups, then the chain's invocations."""
@@ -57,7 +57,9 @@ class ChainBudget:
             raise bad_args(f"workgroups {tuple(groups)} are {workgroups} in all, over {step_limit}: the most "
                            f"kem's dispatch rule gives the largest output ({self.max_bytes} bytes) at {per_group} invocations each")
         self.invocations += workgroups * per_group
-        chain_limit = CHAIN_CALLS * self.max_words
+        # A call launches at least one workgroup, whatever its bytes: a budget of
+        # a few bytes (the node's, max_bytes) still allows CHAIN_CALLS of them.
+        chain_limit = CHAIN_CALLS * max(self.max_words, MAX_INVOCATIONS_PER_WORKGROUP)
         if self.invocations > chain_limit:
             raise bad_args(f"the chain's dispatches reach {self.invocations} invocations at this step, over {chain_limit} "
                            f"({CHAIN_CALLS} times the largest call's); split the chain into several requests")

@@ -42,7 +42,11 @@ class Planner:
         self.gpu = gpu
         self.pipelines = pipelines
         self.max_temp_bytes = max_temp_bytes
-        self.budget = ChainBudget(request_bytes)  # one request's bytes and work (gpu/chain_budget.py)
+        # One request's bytes and work (gpu/chain_budget.py): the port's, or the node's smaller budget.
+        if chain.max_bytes is None or chain.max_bytes >= request_bytes:
+            self.budget = ChainBudget(request_bytes)
+        else:
+            self.budget = ChainBudget(chain.max_bytes, "the node's request budget, request_max_output_bytes")
         self.slots: dict[str, Slot] = {}
         self.temporaries: list[Slot] = []
         self.limits = Limits(gpu.binding_limit, gpu.uniform_limit)

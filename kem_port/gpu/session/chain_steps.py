@@ -72,6 +72,7 @@ class Chain:
     returns: tuple[str, ...] | None = None  # None: the last kernel step's output (bytes, or its outputs by name)
     session: Session | None = None
     gas_limit: int | None = None  # the whole chain's gas budget (chain_gas.py); None: the node's KEM_GAS_LIMIT
+    max_bytes: int | None = None  # the request's bytes and work (chain_budget.py), under the port's own
 
 
 class StepError(KemError):
