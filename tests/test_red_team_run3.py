@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 
 from conftest import start_port
+from test_red_team_named import run  # the run method, names as binaries
 from kem_port.client import PortError
 from kem_port.wire import terms
 from kem_port.wire.narrow_decode import decode_hot
@@ -91,14 +92,6 @@ def port(tmp_path_factory):
         (kernels / f"{name}.wgsl").write_text(text)
     with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as p:
         yield p
-
-
-def run(port, kernel: str, buffers: dict, **opts) -> dict[str, bytes]:
-    named = {k.encode() if isinstance(k, str) else k: v for k, v in buffers.items()}
-    if "outputs" in opts:
-        opts["outputs"] = {k.encode() if isinstance(k, str) else k: v for k, v in opts["outputs"].items()}
-    got = port.call("run", kernel.encode(), named, opts)
-    return {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in got.items()}
 
 
 def words(data: bytes) -> list[int]:
