@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from urllib.parse import urlsplit
 import subprocess
 import sys
 import threading
@@ -57,7 +58,7 @@ def server():
 def request(server, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, dict]:
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
     data = json.dumps(body).encode() if body is not None else None
-    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", "X-Kem-Token": server.token, **(headers or {})})
     response = conn.getresponse()
     return response.status, json.loads(response.read())
 
@@ -129,7 +130,7 @@ def test_refusals_are_json_with_a_reason(server):
 def test_a_body_over_the_cap_is_refused_from_its_length_before_it_is_read(server):
     with socket.create_connection(server.server_address[:2], timeout=10) as sock:
         host, port = server.server_address[:2]
-        sock.sendall(f"POST /api/run HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST /api/run HTTP/1.1\r\nHost: {host}:{port}\r\nX-Kem-Token: {server.token}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {MAX_BODY + 1}\r\n\r\n{{".encode())
         reply = sock.recv(65536).decode()  # answered although 24 MiB never come
     assert reply.startswith("HTTP/1.0 413") and '"too_large"' in reply
@@ -196,10 +197,38 @@ def test_ctrl_c_stops_the_playground_cleanly_and_a_taken_port_is_one_line():
 
     proc, url = start_playground()
     try:
-        taken = subprocess.run([sys.executable, "-m", "kem_port.cli", "playground", "--port", url.rsplit(":", 1)[1].strip("/")],
+        taken = subprocess.run([sys.executable, "-m", "kem_port.cli", "playground", "--port", str(urlsplit(url).port)],
                                capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert taken.returncode == 1 and taken.stderr.startswith("kem: cannot serve on 127.0.0.1:") and len(taken.stderr.splitlines()) == 1
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     assert "stopped" in proc.stderr.read()
+
+
+def test_every_request_needs_the_servers_token(server):
+    """Loopback is every local user's: without the token the URL carries (or
+    the cookie the page's load sets, or X-Kem-Token) nothing is served and
+    nothing runs, and a refusal never hands the token out."""
+    host, port = server.server_address[:2]
+
+    def ask(method: str, path: str, headers: dict) -> tuple[int, dict, str]:
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request(method, path, body=json.dumps({"code": XOR}) if method == "POST" else None,
+                     headers={"Content-Type": "application/json", **headers})
+        response = conn.getresponse()
+        return response.status, response.read(), response.getheader("Set-Cookie") or ""
+
+    for headers in ({}, {"X-Kem-Token": "x" * 32}, {"Cookie": "kem_playground_token=" + "y" * 32}, {"Cookie": "garbage=\x01;;"}):
+        for method, path in (("GET", "/"), ("GET", "/app.js"), ("POST", "/api/check"), ("POST", "/api/run")):
+            status, body, cookie = ask(method, path, headers)
+            assert status == 403 and json.loads(body)["error"]["reason"] == "forbidden", (method, path, headers)
+            assert server.token not in cookie
+    assert ask("GET", "/?token=wrong", {})[0] == 403
+    status, page, cookie = ask("GET", urlsplit(server.url).path + "?" + urlsplit(server.url).query, {})
+    assert status == 200 and b"<html" in page.lower()
+    assert cookie.startswith(f"kem_playground_token={server.token};") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    jar = {"Cookie": cookie.split(";", 1)[0]}
+    assert ask("GET", "/app.js", jar)[0] == 200
+    status, body, _ = ask("POST", "/api/check", jar)
+    assert status == 200 and json.loads(body)["ok"] is True

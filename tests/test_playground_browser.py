@@ -45,7 +45,7 @@ def playground():
     proc = subprocess.Popen([sys.executable, "-m", "kem_port.cli", "playground"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "KEM_LOG": "WARNING"})
     line = proc.stdout.readline()
-    found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+    found = re.search(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]+", line)  # the URL it prints carries its token
     assert found, (line, proc.stderr.read() if proc.poll() is not None else "")
     try:
         yield found.group(0)

@@ -172,7 +172,7 @@ def _raw(server, head: str, body: bytes = b"", timeout: float = 60) -> tuple[int
 
     host, port = server.server_address[:2]
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(head.replace("HOST", f"127.0.0.1:{port}").encode("latin-1") + body)
+        sock.sendall(head.replace("HOST", f"127.0.0.1:{port}\r\nX-Kem-Token: {server.token}").encode("latin-1") + body)
         got = b""
         while chunk := sock.recv(65536):
             got += chunk
@@ -256,7 +256,7 @@ def _post(server, route: str, body: dict, timeout: float = 300) -> tuple[int, di
     import json
 
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=timeout)
-    conn.request("POST", route, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request("POST", route, body=json.dumps(body), headers={"Content-Type": "application/json", "X-Kem-Token": server.token})
     response = conn.getresponse()
     return response.status, json.loads(response.read())
 
@@ -324,9 +324,11 @@ def test_playground_a_strangers_page_cannot_run_or_read_it(playground, caplog):
     """A page on another origin the author visits in the same browser (real
     headless Chromium): text/plain and form-encoded no-cors POSTs, a form
     post, sendBeacon, a JSON POST (preflighted) and a cross-origin read.
-    None reaches a Run: the server answers them 415 or 501 (the preflight),
-    never 200, and the page reads nothing. And a DNS-rebinding name that
-    resolves to the playground's address gets 421, not the page."""
+    None reaches a Run: the server answers them 403 (no token: the
+    author's own page load left its cookie, which SameSite=Strict keeps off
+    another site's requests) or 501 (the preflight), never 200, and the
+    page reads nothing. And a DNS-rebinding name that resolves to the
+    playground's address gets 421, not the page."""
     import http.server
     import json
     import logging
@@ -353,6 +355,7 @@ def test_playground_a_strangers_page_cannot_run_or_read_it(playground, caplog):
     threading.Thread(target=evil.serve_forever, daemon=True).start()
     driver = open_browser_resolving(f"MAP rebind.test {host}")
     try:
+        driver.get(playground.url)  # the author's tab: the token's cookie is in this browser now
         with caplog.at_level(logging.DEBUG, logger="kem_port.playground"):
             driver.get(f"http://127.0.0.2:{evil.server_address[1]}/")
             title = wait_for(driver, lambda d: d.title.startswith("done") and d.title)
@@ -365,7 +368,7 @@ def test_playground_a_strangers_page_cannot_run_or_read_it(playground, caplog):
         runs = [line for line in lines if "/api/run" in line]
         assert runs, lines  # the attempts did arrive
         assert not [line for line in runs if '" 200 ' in line], runs
-        assert all('" 415 ' in line or '" 501 ' in line for line in runs), runs
+        assert all('" 403 ' in line or '" 501 ' in line for line in runs), runs
     finally:
         driver.quit()
         evil.shutdown()

@@ -11,20 +11,30 @@ could try to reach it through the browser, so
   cross-site form cannot send and a cross-site fetch cannot send without a
   preflight this server never grants (no CORS headers at all);
 - a body over MAX_BODY is refused (413) from its Content-Length, before a
-  byte of it is read; one without a Content-Length is 411.
+  byte of it is read; one without a Content-Length is 411;
+- every request carries the server's token (403 otherwise): loopback is
+  every local user's, and on a shared machine another user could run
+  kernels on the author's GPU. The URL ``kem playground`` prints holds it
+  (``?token=``, as Jupyter does); the page's first load sets it as an
+  HttpOnly, SameSite=Strict cookie, which the page's files and routes then
+  carry; a script may send it as ``X-Kem-Token``.
 Every failure is JSON ``{"ok": false, "error": {"reason", "detail"}}``;
 an unexpected one is ``internal`` with no detail (it is logged).
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import logging
+import secrets
+from http.cookies import CookieError, SimpleCookie
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from kem_port.errors import KemError
 from kem_port.playground.bench import Bench
@@ -46,6 +56,7 @@ DEFAULT_HOST = str(LOOPBACK[1])
 # A request's line, headers and body must each arrive within this: a client
 # that sends a Content-Length and then stalls held its thread forever.
 BODY_TIMEOUT_S = 30.0
+COOKIE = "kem_playground_token"
 STATUS = {"bad_args": 400, "too_large": 413, "internal": 500, "no_adapter": 503, "overloaded": 503}
 
 
@@ -56,6 +67,7 @@ class PlaygroundServer(ThreadingHTTPServer):
         if not loopback(host):
             raise KemError("bad_args", f"the playground serves this machine only: {host!r} is not a loopback address (127.x.x.x)")
         self.bench = bench
+        self.token = secrets.token_urlsafe(24)  # 192 bits, this server's life only
         self.pages = {route: (resources.files(__package__).joinpath("static", name).read_bytes(), kind)
                       for route, (name, kind) in STATIC.items()}
         super().__init__((host, port), Handler)
@@ -63,7 +75,7 @@ class PlaygroundServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host}:{port}/?token={self.token}"
 
 
 def loopback(host: str) -> bool:
@@ -97,16 +109,16 @@ class Handler(BaseHTTPRequestHandler):
     wbufsize = -1
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if not self._host_ok():
+        if not self._host_ok() or not self._token_ok():
             return
-        page = self.server.pages.get(self.path.split("?", 1)[0])
+        page = self.server.pages.get(urlsplit(self.path).path)
         if page is None:
             self._error(404, "not_found", "no such page")
             return
-        self._send(200, page[1], page[0])
+        self._send(200, page[1], page[0], cookie=True)  # only after the token was shown
 
     def do_POST(self) -> None:  # noqa: N802
-        if not self._host_ok():
+        if not self._host_ok() or not self._token_ok():
             return
         route = {"/api/check": self.server.bench.check, "/api/run": self.server.bench.run}.get(self.path)
         if route is None:
@@ -139,6 +151,21 @@ class Handler(BaseHTTPRequestHandler):
             self._error(421, "bad_host", "the playground answers only to its own address")
             return False
         return True
+
+    def _token_ok(self) -> bool:
+        """The server's token from the URL, the X-Kem-Token header or the page's cookie."""
+        given = parse_qs(urlsplit(self.path).query).get("token", [""])[0] or self.headers.get("X-Kem-Token", "")
+        if not given:
+            cookie = SimpleCookie()
+            try:
+                cookie.load(self.headers.get("Cookie", ""))
+            except CookieError:
+                pass
+            given = cookie[COOKIE].value if COOKIE in cookie else ""
+        if hmac.compare_digest(given.encode(), self.server.token.encode()):
+            return True
+        self._error(403, "forbidden", "open the URL `kem playground` printed: it carries this server's token")
+        return False
 
     def _body(self) -> dict | None:
         if self.headers.get_content_type() != "application/json":
@@ -176,13 +203,15 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, value: Any) -> None:
         self._send(status, "application/json", json.dumps(value).encode())
 
-    def _send(self, status: int, kind: str, data: bytes) -> None:
+    def _send(self, status: int, kind: str, data: bytes, cookie: bool = False) -> None:
         self.send_response(status, HTTPStatus(status).phrase)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Content-Security-Policy", CSP)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Cache-Control", "no-store")
+        if cookie:  # the page's files and routes carry the token as this cookie (never readable by script)
+            self.send_header("Set-Cookie", f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/")
         self.end_headers()
         self.wfile.write(data)
         self.wfile.flush()
