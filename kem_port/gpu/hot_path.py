@@ -13,6 +13,7 @@ not ask for the wrappers; the wrappers are the fallback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import wgpu
@@ -153,3 +154,25 @@ def choose(device: wgpu.GPUDevice, wanted: str = "auto") -> HotPath:
             raise
         log.warning("the C-API path failed to start (%s): using wgpu-py's objects", exc)
         return WrapperPath(device)
+
+
+def read_each(path: NativePath, stagings: list[tuple[wgpu.GPUBuffer, int, Callable[[], Any]]], spin_s: float,
+              index: int | None) -> list[Any]:
+    """After one submission (``index``) of several kits (a named batch, a
+    chain batch): map each kit's staging buffer, wait once for the
+    submission (the other maps need only a poll), then ``read`` each (its
+    copy out and its unmap). Every buffer is read, so every one is unmapped,
+    even after a failure; the first wgpu.GPUError is then raised."""
+    mappings = [path.map_read(buffer, 0, size) for buffer, size, _ in stagings]
+    for mapping in mappings:
+        path.wait(mapping, spin_s, index)
+        index = None
+    results, failed = [], None
+    for _, _, read in stagings:
+        try:
+            results.append(read())
+        except wgpu.GPUError as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return results

@@ -10,6 +10,11 @@ kit -- its own buffers, so the calls of a submission share no byte -- and
 its own gas meter. Two calls of one signature need two kits: the second
 takes a replica of the first's (named_run.py keeps up to REPLICAS small
 ones); a call with no kit to spare runs alone after the batch.
+
+A road beside the executor's batch road (whose packed plans bind kem@1.0's
+layout only): paid for by 64 callers of named calls on the H100, 3.3k and
+3.1k calls/s before, 14.3k and 13.4k with it, same sitting, runs
+alternating (docs/benchmarks.md, "Roads side by side"; `scripts/bench roads`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import wgpu
 
 from kem_port.gpu.named.binding_model import Bound
 from kem_port.gpu.named.named_kit import NamedKit
+from kem_port.gpu.hot_path import read_each
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.wgpu_private import handle
 
@@ -44,19 +50,8 @@ def run_together(path: NativePath, runs: list[Run], spin_s: float,
             return [kit.parse(view, base, bound) for (kit, _, bound, *_), base in zip(runs, bases)]
         finally:
             path.unmap(staging)
-    mappings = [path.map_read(kit.staging, 0, kit.staging_size) for kit, *_ in runs]
-    for mapping in mappings:
-        path.wait(mapping, spin_s, index)
-        index = None  # the submission is done: the other maps need only a poll
-    results, failed = [], None
-    for kit, _, bound, *_ in runs:  # every staging buffer unmapped, even after a failure
-        try:
-            results.append(kit.read(path, bound))
-        except wgpu.GPUError as exc:
-            failed = failed or exc
-    if failed is not None:
-        raise failed
-    return results
+    return read_each(path, [(kit.staging, kit.staging_size, lambda kit=kit, bound=bound: kit.read(path, bound))
+                            for kit, _, bound, *_ in runs], spin_s, index)
 
 
 def staging_bytes(runs: list[Run]) -> int:

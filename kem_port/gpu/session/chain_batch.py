@@ -9,14 +9,18 @@ temporaries, uniforms and staging, so the chains of a submission share no
 byte -- so the n-th chain of a batch takes the shape's n-th replica kit
 (chain_kits.py), planned from the shape's first chain. Kits hold only
 loop-free steps (keepable): no gas meters to split.
+
+A road beside the single chain's: paid for by 64 callers of 10-step
+chains on the H100, 1.26k and 1.04k chains/s before, 5.06k and 4.08k with
+it, same sitting, runs alternating (docs/benchmarks.md, "Roads side by
+side"; `scripts/bench roads`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import wgpu
-
+from kem_port.gpu.hot_path import read_each
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.session.chain import ChainResult, ChainRunner, kit_result
 from kem_port.gpu.session.chain_gas import plan_gas
@@ -32,19 +36,7 @@ def run_together(path: NativePath, runs: list[Run], spin_s: float) -> list[tuple
     wgpu.GPUError fails them all (the caller drops their kits)."""
     commands = path.errors.call(_encode, path, runs)
     index = path.submit(commands)
-    mappings = [path.map_read(kit.staging, 0, kit.staging_size) for kit, _, _ in runs]
-    for mapping in mappings:
-        path.wait(mapping, spin_s, index)
-        index = None  # the submission is done: the other maps need only a poll
-    results, failed = [], None
-    for kit, _, _ in runs:  # every staging buffer unmapped, even after a failure
-        try:
-            results.append(kit.read(path))
-        except wgpu.GPUError as exc:
-            failed = failed or exc
-    if failed is not None:
-        raise failed
-    return results
+    return read_each(path, [(kit.staging, kit.staging_size, lambda kit=kit: kit.read(path)) for kit, _, _ in runs], spin_s, index)
 
 
 def _encode(path: NativePath, runs: list[Run]) -> Any:
