@@ -24,16 +24,7 @@ from kem_port.stats import Stats
 
 ROOT = Path(__file__).resolve().parent.parent
 # out[i] = (0 + 1 + ... + in[i] - 1) % 16: in[i] iterations, and the next step's input stays small.
-COUNTING = b"""
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc % 16u;
-}
-"""
+COUNTING = (Path(__file__).resolve().parents[1] / "tests" / "gas_kernels" / "counting.wgsl").read_bytes()  # one text for pytest and eunit
 
 
 def main() -> None:

@@ -5,6 +5,8 @@ right, and gas counted by hand."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import time
 
 import numpy as np
@@ -132,16 +134,7 @@ _OUT = {"tight": "out", "nested": "out", "barrier": "out", "groups 1 and 2": "ou
 KERNELS = {
     **{name.replace(" ", "_"): text for name, text in RUNAWAYS.items()},
     # out[i] = 0 + 1 + ... + (inp[i] - 1): inp[i] iterations per invocation.
-    "counting": """
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-""",
+    "counting": (Path(__file__).resolve().parent / "gas_kernels" / "counting.wgsl").read_text(),
     # A tiled matmul by named buffers: a barrier loop over tiles, an inner loop over the tile.
     "tiled": """
 struct Dims { m: u32, n: u32, k: u32 }

@@ -24,16 +24,7 @@ from kem_port.stats import Stats
 from kem_port.wire.terms import binary_bytes
 
 # out[i] = 0 + 1 + ... + (in[i] - 1): in[i] loop iterations per invocation.
-COUNTING = b"""
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-"""
+COUNTING = (Path(__file__).resolve().parents[1] / "tests" / "gas_kernels" / "counting.wgsl").read_bytes()  # one text for pytest and eunit
 # Spins until a word no one writes changes: only its budget ends it.
 SPIN = b"""
 @group(0) @binding(0) var<storage, read> inp: array<u32>;

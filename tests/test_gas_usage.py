@@ -9,6 +9,8 @@ erlang/kem/test/kem_gas_usage_tests.erl.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -16,16 +18,7 @@ from conftest import start_port
 from kem_port.client import PortError, plain
 from kem_port.wire import terms
 
-COUNTING = b"""
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-"""
+COUNTING = (Path(__file__).resolve().parents[1] / "tests" / "gas_kernels" / "counting.wgsl").read_bytes()  # one text for pytest and eunit
 AFFINE = b"""
 @group(0) @binding(0) var<storage, read> inp: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;

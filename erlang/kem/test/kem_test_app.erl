@@ -55,19 +55,23 @@ fn main() {
 ">>.
 
 %% @doc out[i] = the sum of 0..in[i] - 1: in[i] loop turns an invocation,
-%% none past the data; the gas tests' kernel whose gas is counted by hand.
+%% none past the data; the gas tests' kernel whose gas is counted by hand,
+%% the one text pytest reads too (tests/gas_kernels/counting.wgsl).
 -spec counting_kernel() -> binary().
 counting_kernel() ->
-    <<"
-@group(0) @binding(0) var<storage, read> inp: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  if (g.x >= arrayLength(&out)) { return; }
-  var acc = 0u;
-  for (var k = 0u; k < inp[g.x]; k++) { acc += k; }
-  out[g.x] = acc;
-}
-">>.
+    {ok, Text} = file:read_file(find_up(filename:dirname(filename:absname(code:which(?MODULE))),
+                                        "tests/gas_kernels/counting.wgsl")),
+    Text.
+
+%% The repository's file Rel, found from Dir upward (the test beams sit in
+%% _build, at a depth that depends on the profile and REBAR_BASE_DIR).
+find_up(Dir, Rel) ->
+    Path = filename:join(Dir, Rel),
+    case filelib:is_regular(Path) of
+        true -> Path;
+        false when Dir =:= "/" -> error({not_found, Rel});
+        false -> find_up(filename:dirname(Dir), Rel)
+    end.
 
 %% @doc `ok' once kem answers a ping (a port is serving again), within
 %% Left ms; else `timeout'.
