@@ -1,0 +1,198 @@
+"""Red team 4: the chain option max_bytes, gathered stateless chains and the
+playground's token, attacked through the real port and a real server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import start_port
+
+from kem_port.client import PortError
+from kem_port.playground.bench import Bench
+from kem_port.playground.server import PlaygroundServer
+from kem_port.wire import terms
+
+KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
+TEN = [{"kernel": "double"}] * 10
+UNDEF = terms.atom("undefined")
+
+
+@pytest.fixture(scope="module")
+def port():
+    with start_port(KEM_KERNEL_DIR=KERNELS) as client:
+        yield client
+
+
+def _bytes(value) -> bytes:
+    return value if isinstance(value, bytes) else terms.binary_bytes(value)
+
+
+def _u32(value) -> np.ndarray:
+    return np.frombuffer(_bytes(value), "<u4")
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**200), True, False, 1.5, terms.atom("infinity"), b"100"])
+def test_a_bad_max_bytes_is_refused_as_bad_args(port, bad):
+    with pytest.raises(PortError) as err:
+        port.call("chain", UNDEF, TEN, {"input": bytes(64), "max_bytes": bad})
+    assert err.value.reason in ("bad_args", "too_large")  # a bignum is refused by the decoder
+
+
+def test_a_huge_max_bytes_is_the_ports_own_budget(port, rng):
+    """Up to the decoder's 8-byte integers a budget over the port's is the
+    port's; a bignum (2**200) is refused by the decoder, never planned with."""
+    for limit in (2**63 - 1, 2**64 - 1):
+        x = rng.integers(0, 2**32, 100, dtype=np.uint32)
+        got = port.call("chain", UNDEF, TEN, {"input": x.tobytes(), "max_bytes": limit})
+        assert np.array_equal(_u32(got), x * np.uint32(1024))
+    with pytest.raises(PortError) as err:
+        port.call("chain", UNDEF, TEN, {"input": bytes(64), "max_bytes": 2**200})
+    assert err.value.reason == "too_large"
+
+
+def test_max_bytes_zero_refuses_any_output(port):
+    with pytest.raises(PortError) as err:
+        port.call("chain", UNDEF, TEN, {"input": bytes(64), "max_bytes": 0})
+    print("max_bytes=0:", err.value.reason, err.value.detail)
+    assert err.value.reason in ("bad_args", "quota_exceeded", "too_large")
+
+
+def test_a_kit_built_under_a_big_budget_is_not_reused_under_a_small_one(port, rng):
+    """A shape kept with a big max_bytes, then the same shape with a budget
+    under its output: refused, not run on the kept kit."""
+    n = 256  # 1024 bytes of output
+    for _ in range(3):
+        x = rng.integers(0, 2**32, n, dtype=np.uint32)
+        got = port.call("chain", UNDEF, TEN, {"input": x.tobytes(), "max_bytes": 1 << 20})
+        assert np.array_equal(_u32(got), x * np.uint32(1024))
+    with pytest.raises(PortError) as err:
+        port.call("chain", UNDEF, TEN, {"input": bytes(4 * n), "max_bytes": 16})
+    print("kit reuse:", err.value.reason, err.value.detail)
+    assert err.value.reason != "internal"
+    # and queued together behind a busy GPU, the small one still refused alone
+    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 400)
+    xs = [rng.integers(0, 2**32, n, dtype=np.uint32) for _ in range(3)]
+    limits = [1 << 20, 16, 1 << 20]
+    pending = [port.call_async("chain", UNDEF, TEN, {"input": x.tobytes(), "max_bytes": m}) for x, m in zip(xs, limits)]
+    busy.result(30)
+    with pytest.raises(PortError):
+        pending[1].result(60)
+    for i in (0, 2):
+        assert np.array_equal(_u32(pending[i].result(60)), xs[i] * np.uint32(1024))
+
+
+def test_gathered_chains_mixed_usage_returns_and_errors_each_get_their_own(port, rng):
+    steps = [{"kernel": "double", "output": "a"}, {"kernel": "double", "input": "a", "output": "b"}]
+    shapes = [
+        ({"return": ["a", "b"], "usage": True}, "ab", True),
+        ({"return": ["b"]}, "b", False),
+        ({}, None, False),
+        ({"usage": True}, None, True),
+    ]
+    n = 64
+    for opts, _, _ in shapes:  # each shape planned, then kept
+        for _ in range(2):
+            port.call("chain", UNDEF, steps, {"input": bytes(4 * n), **opts})
+    calls, expect = [], []
+    for opts, names, usage in shapes:  # runs of one shape gather; a bad chain between them
+        for _ in range(4):
+            x = rng.integers(0, 2**32, n, dtype=np.uint32)
+            calls.append((steps, {"input": x.tobytes(), **opts}))
+            expect.append((x, names, usage, False))
+        calls.append((steps, {"input": bytes(12), "return": ["nope"]}))
+        expect.append((None, None, False, True))
+    batches = port.call("stats").get(terms.atom("chain_batches"), 0)
+    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 600)
+    pending = [port.call_async("chain", UNDEF, s, o) for s, o in calls]
+    busy.result(30)
+    for (x, names, usage, bad), got in zip(expect, pending):
+        if bad:
+            with pytest.raises(PortError) as err:
+                got.result(60)
+            assert err.value.reason != "internal"
+            continue
+        value = got.result(60)
+        if usage:
+            value, meter = value
+            assert meter[terms.atom("gas")] == 2 * 256
+        if names is None:
+            assert np.array_equal(_u32(value), x * np.uint32(4))
+        else:
+            named = {_bytes(k).decode(): _u32(v) for k, v in value.items()}
+            assert set(named) == set(names)
+            if "a" in named:
+                assert np.array_equal(named["a"], x * np.uint32(2))
+            assert np.array_equal(named["b"], x * np.uint32(4))
+    assert port.call("stats").get(terms.atom("chain_batches"), 0) >= batches + 4  # runs of one shape were gathered
+
+
+@pytest.fixture(scope="module")
+def playground():
+    bench = Bench()
+    srv = PlaygroundServer("127.0.0.1", 0, bench)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    bench.close()
+
+
+def _ask(server, path: str, headers: list[tuple[str, str]]) -> int:
+    """A GET with raw header lines (duplicates kept, bytes as given)."""
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    conn.putrequest("GET", path, skip_accept_encoding=True)
+    for name, value in headers:
+        conn.putheader(name, value.encode("utf-8") if isinstance(value, str) else value)
+    conn.endheaders()
+    response = conn.getresponse()
+    status = response.status
+    body = response.read()
+    if status != 200:
+        assert json.loads(body)["error"]["reason"] in ("forbidden", "bad_args")
+        assert server.token.encode() not in body
+    return status
+
+
+def test_token_tricks_are_refused(playground):
+    t = playground.token
+    c = "kem_playground_token="
+    refused = [
+        ("/?token=wrong&token=" + t, []),
+        ("/?token=" + t[:-1], []),
+        ("/?token=" + t + "x", []),
+        ("/?token=" + "A" * 100000, []),
+        ("/?token=%C3%A9" + t, []),
+        ("/?token=%FF%FE", []),
+        ("/?tok%65n=" + t[:-1], []),
+        ("/", [("Cookie", c + "wrong"), ("Cookie", c + "bad")]),
+        ("/", [("X-Kem-Token", "é" * 40)]),
+        ("/", [("X-Kem-Token", "x" * 60000)]),
+        ("/", [("Cookie", c + "\u00e9" + t)]),
+        ("/?token=", [("X-Kem-Token", "")]),
+        ("/;token=" + t, []),
+    ]
+    for path, headers in refused:
+        assert _ask(playground, path, headers) in (400, 403, 414, 431), (path[:60], headers[:1])
+    assert _ask(playground, "/?token=" + t, []) == 200
+    assert _ask(playground, "/?x=1&token=" + t, []) == 200
+    assert _ask(playground, "/", [("X-Kem-Token", t)]) == 200
+
+
+def test_more_queued_chains_than_kept_replicas_each_get_their_own(port, rng):
+    """70 chains of one shape queued together: over REPLICAS (64) extra kits,
+    the rest run alone; every caller still gets its own numpy answer."""
+    n = 16
+    for _ in range(2):
+        port.call("chain", UNDEF, TEN, {"input": bytes(4 * n)})
+    xs = [rng.integers(0, 2**32, n, dtype=np.uint32) for _ in range(70)]
+    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 600)
+    pending = [port.call_async("chain", UNDEF, TEN, {"input": x.tobytes()}) for x in xs]
+    busy.result(30)
+    for x, got in zip(xs, pending):
+        assert np.array_equal(_u32(got.result(120)), x * np.uint32(1024))
