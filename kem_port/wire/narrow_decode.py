@@ -114,15 +114,7 @@ def _term(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, Any]
     tag = data[i]
     i += 1
     if tag == _SMALL_TUPLE:
-        arity = data[i]
-        budget[0] -= arity
-        if depth >= _MAX_DEPTH or arity > MAX_ARITY or budget[0] < 0:
-            raise _NotHot
-        i += 1
-        items = []
-        for _ in range(arity):
-            i, item = _term(data, i, depth + 1, budget)
-            items.append(item)
+        i, items = _items(data, i + 1, data[i], data[i], MAX_ARITY, depth, budget)
         return i, tuple(items)
     if tag == _MAP:
         return _map(data, i, depth, budget)
@@ -190,17 +182,24 @@ def _list(data: bytes, i: int, depth: int, budget: list[int]) -> tuple[int, list
     a list of maps: erlang-py and the guard's walk took most of a 10-step
     chain frame's ~60 us on the dev machine."""
     (length,) = _uint32(data, i)
-    budget[0] -= length + 1  # etf_guard counts the elements, then the tail
-    if depth >= _MAX_DEPTH or length > MAX_LIST or budget[0] < 0:
-        raise _NotHot
-    i += 4
-    items = []
-    for _ in range(length):
-        i, item = _term(data, i, depth + 1, budget)
-        items.append(item)
+    # etf_guard counts the elements, then the tail
+    i, items = _items(data, i + 4, length, length + 1, MAX_LIST, depth, budget)
     if data[i] != _NIL:
         raise _NotHot
     return i + 1, items
+
+
+def _items(data: bytes, i: int, count: int, spent: int, most: int, depth: int, budget: list[int]) -> tuple[int, list]:
+    """A tuple's or a list's ``count`` elements from i, within the guard's
+    bounds (``spent`` terms off the budget before any is built)."""
+    budget[0] -= spent
+    if depth >= _MAX_DEPTH or count > most or budget[0] < 0:
+        raise _NotHot
+    items = []
+    for _ in range(count):
+        i, item = _term(data, i, depth + 1, budget)
+        items.append(item)
+    return i, items
 
 
 def _atom(tag: int, name: bytes) -> Any:
