@@ -196,3 +196,69 @@ def test_more_queued_chains_than_kept_replicas_each_get_their_own(port, rng):
     busy.result(30)
     for x, got in zip(xs, pending):
         assert np.array_equal(_u32(got.result(120)), x * np.uint32(1024))
+
+
+def test_gathered_chains_take_each_callers_step_bytes_not_the_first_chains(port, rng):
+    """Named-buffer steps carry the caller's bytes in the step itself (a, b,
+    the shape uniform): a replica planned from the shape's first chain must
+    still upload each caller's own step bytes."""
+    rows, cols = 5, 7
+
+    def steps(a: np.ndarray, b: np.ndarray) -> list:
+        shape = np.array([rows, cols], "<u4").tobytes()
+        return [{"kernel": "add_grid", "buffers": {"a": a.tobytes(), "b": b.tobytes(), "shape": shape},
+                 "outputs": {"c": rows * cols * 4}, "grid": (cols, rows, 1)}]
+
+    def pair() -> tuple[np.ndarray, np.ndarray]:
+        return rng.integers(0, 2**31, rows * cols, dtype=np.uint32), rng.integers(0, 2**31, rows * cols, dtype=np.uint32)
+
+    for _ in range(2):
+        a, b = pair()
+        got = port.call("chain", UNDEF, steps(a, b), {"return": ["c"]})
+        assert np.array_equal(_u32(got[terms.Binary(b"c")]), a + b)
+    batches = port.call("stats").get(terms.atom("chain_batches"), 0)
+    pairs = [pair() for _ in range(6)]
+    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 500)
+    pending = [port.call_async("chain", UNDEF, steps(a, b), {"return": ["c"]}) for a, b in pairs]
+    busy.result(30)
+    for (a, b), got in zip(pairs, pending):
+        assert np.array_equal(_u32(got.result(60)[terms.Binary(b"c")]), a + b)
+    assert port.call("stats").get(terms.atom("chain_batches"), 0) >= batches + 1
+
+
+def test_max_bytes_is_exact_at_its_edge_and_holds_for_a_sessions_kept_kit(port, rng):
+    """Ten steps of 1024 bytes hold 10240 bytes of chain buffers: that budget
+    runs (numpy), one byte less is refused, also after a kit was kept."""
+    for limit in (10240, 10240, 10240, 10239):
+        x = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        if limit == 10239:
+            with pytest.raises(PortError) as err:
+                port.call("chain", UNDEF, TEN, {"input": x.tobytes(), "max_bytes": limit})
+            assert err.value.reason == "too_large" and "10239" in err.value.detail
+        else:
+            got = port.call("chain", UNDEF, TEN, {"input": x.tobytes(), "max_bytes": limit})
+            assert np.array_equal(_u32(got), x * np.uint32(1024))
+    s = port.session_open()
+    s.create("acc", bytes(1024))
+    steps = [{"kernel": "double", "output": "acc"}]
+    for _ in range(3):  # kept under a big budget
+        x = rng.integers(0, 2**32, 256, dtype=np.uint32)
+        got = port.call("chain", s.ref, steps, {"input": x.tobytes(), "return": ["acc"], "max_bytes": 1 << 20})
+        assert np.array_equal(_u32(got[terms.Binary(b"acc")]), x * np.uint32(2))
+    with pytest.raises(PortError) as err:
+        port.call("chain", s.ref, steps, {"input": bytes(1024), "return": ["acc"], "max_bytes": 16})
+    assert err.value.reason == "too_large"
+    s.close()
+
+
+def test_more_token_tricks_on_post_and_headers(playground):
+    t = playground.token
+    for path, headers in (("/?token=%20" + t, []), ("/?token=" + t.upper() if t != t.upper() else "/?token=" + t.lower(), []),
+                          ("/", [("Cookie", "x=1"), ("Cookie", "kem_playground_token=" + t)]),  # only the first Cookie header counts
+                          ("/", [("X-Kem-Token", t + "\u0000")])):
+        assert _ask(playground, path, headers) in (400, 403), path[:40]
+    assert _ask(playground, "/", [("x-kem-token", t)]) == 200  # header names are case-blind
+    conn = http.client.HTTPConnection(*playground.server_address[:2], timeout=60)
+    conn.request("POST", "/api/check?token=" + t, body=b"{}", headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 404 and t.encode() not in response.read()  # POST routes take no query
