@@ -262,3 +262,15 @@ def test_more_token_tricks_on_post_and_headers(playground):
     conn.request("POST", "/api/check?token=" + t, body=b"{}", headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 404 and t.encode() not in response.read()  # POST routes take no query
+
+
+@pytest.mark.parametrize("out, limit", [(2**40, None), (2**40, 64), (2**33, None), (4 * 10**8, 2**62)])
+def test_a_huge_declared_output_is_refused_before_allocation_whatever_max_bytes(port, out, limit):
+    shape = np.array([1, 1], "<u4").tobytes()
+    steps = [{"kernel": "add_grid", "buffers": {"a": bytes(4), "b": bytes(4), "shape": shape},
+              "outputs": {"c": out}, "grid": (1, 1, 1)}]
+    opts = {"return": ["c"]} | ({} if limit is None else {"max_bytes": limit})
+    with pytest.raises(PortError) as err:
+        port.call("chain", UNDEF, steps, opts)
+    assert err.value.reason == "too_large"
+    assert port.call("ping") is not None  # the port is still up
