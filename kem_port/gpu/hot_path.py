@@ -176,3 +176,15 @@ def read_each(path: NativePath, stagings: list[tuple[wgpu.GPUBuffer, int, Callab
     if failed is not None:
         raise failed
     return results
+
+
+def write_whole(path: HotPath, buffer: wgpu.GPUBuffer, data: bytes | memoryview, size: int) -> None:
+    """A buffer of ``size`` bytes written whole: ``data``, then zeros (a kit's
+    or pooled buffer holds an earlier caller's bytes). Queue writes come in
+    whole words, so a ragged tail is joined to its zeros; the tail is short
+    (sizes pad lengths to 4, uniforms to 16)."""
+    whole = len(data) & ~3
+    if whole:
+        path.write(buffer, 0, data, whole)
+    if whole < size:
+        path.write(buffer, whole, bytes(data[whole:]) + bytes(size - len(data)))

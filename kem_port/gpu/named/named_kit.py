@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import wgpu
 
-from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.hot_path import HotPath, write_whole
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.wgpu_private import ErrorCapture, handle
 from kem_port.gpu.named.binding_model import Bound
@@ -108,17 +108,6 @@ class NamedKit:
         words = None if self.gas is None else tuple(view[at : at + wgsl_gas.METER_BYTES].cast("I"))
         return returned, words
 
-    @staticmethod
-    def _write(path: HotPath, buf: wgpu.GPUBuffer, data: bytes, size: int) -> None:
-        """Written whole: the caller's bytes, then zeros to the bound size
-        (writes come in whole words, so a ragged tail is joined to its zeros;
-        the tail is under 16 bytes: sizes pad lengths to 4, uniforms to 16)."""
-        whole = len(data) & ~3
-        if whole:
-            path.write(buf, 0, data, whole)
-        if whole < size:
-            path.write(buf, whole, data[whole:] + bytes(size - len(data)))
-
     def _encode(self, path: HotPath, pipeline: wgpu.GPUComputePipeline, bound: list[Bound], datas: list[bytes | None],
                 groups: tuple[int, int, int], cap: int):
         """Write the inputs and the gas cap, clear the outputs and the meter,
@@ -126,7 +115,7 @@ class NamedKit:
         path's encoder (the wrappers)."""
         for buf, data, x in zip(self.buffers, datas, bound):
             if data is not None:
-                self._write(path, buf, data, x.size)
+                write_whole(path, buf, data, x.size)
         if self.gas is not None:
             path.write(self.gas[0], 0, _cap_bytes(cap))
         encoder = path.encoder()
@@ -177,7 +166,7 @@ class NamedKit:
         lib, ffi, h, queue = path.lib, path.ffi, self.native, path.queue_handle
         for buf, data, x in zip(h.buffers, datas, bound):
             if data is not None:
-                whole = len(data) & ~3
+                whole = len(data) & ~3  # as write_whole, in bare C calls under the caller's one capture
                 if whole:
                     lib.wgpuQueueWriteBuffer(queue, buf, 0, ffi.from_buffer(data), whole)
                 if whole < x.size:

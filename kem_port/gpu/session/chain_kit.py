@@ -38,7 +38,7 @@ from typing import Any
 import wgpu
 
 from kem_port.gpu import contract
-from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.hot_path import HotPath, write_whole
 from kem_port.gpu.native import NativePath
 from kem_port.gpu.session.chain_gas import ChainGas
 from kem_port.gpu.session.chain_steps import Chain, ChainPlan, PlannedClear, PlannedCopy, PlannedStep, Step, bind_entry
@@ -159,12 +159,7 @@ class ChainKit:
     def upload(self, path: HotPath, data: bytes, steps: Any) -> None:
         """The request's bytes into the kit's temporaries and uniforms."""
         for buf, origin, size in self.uploads:
-            src = _bytes_of(origin, data, steps)
-            whole = len(src) & ~3  # queue writes come in whole words; the tail joins its zeros
-            if whole:
-                path.write(buf, 0, src, whole)
-            if whole < size:
-                path.write(buf, whole, bytes(src[whole:]) + bytes(size - len(src)))
+            write_whole(path, buf, _bytes_of(origin, data, steps), size)
         if self.u_buf is not None:
             packed = bytearray(self.u_size)
             for at, origin in self.u_parts:

@@ -15,7 +15,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu.contract import pad4
-from kem_port.gpu.hot_path import HotPath
+from kem_port.gpu.hot_path import HotPath, write_whole
 from kem_port.gpu.session.session_pipelines import SessionPipeline
 from kem_port.gpu.session.sessions import Session
 from kem_port.kernel_store import KernelSource
@@ -151,11 +151,7 @@ def upload_temporaries(path: HotPath, temporaries: list[Slot]) -> None:
     zero-padded to the bound size; pooled buffers hold earlier bytes."""
     for slot in temporaries:
         if slot.upload is not None:
-            whole = len(slot.upload) & ~3  # queue writes come in whole words
-            if whole:
-                path.write(slot.buffer, 0, slot.upload, whole)
-            if whole < slot.size:
-                path.write(slot.buffer, whole, bytes(slot.upload[whole:]) + bytes(slot.size - len(slot.upload)))
+            write_whole(path, slot.buffer, slot.upload, slot.size)
 
 
 def clear_temporaries(encoder, temporaries: list[Slot]) -> None:
