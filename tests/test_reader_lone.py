@@ -26,6 +26,9 @@ from kem_port.port.replies import Replies
 from kem_port.port.router import Router
 from kem_port.stats import Stats
 from kem_port.wire.stdio_guard import input_waiting
+from test_named_buffers import KERNELS
+
+AXPY = KERNELS["axpy"]  # the uniform at binding 0, y in place
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 
@@ -33,7 +36,7 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 class Reader:
     """A Router as the port builds one, with pipes on both sides."""
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, askers: list | None = None) -> None:
         config = config or Config()
         self.stats = Stats()
         executor = Executor(config, self.stats)
@@ -43,8 +46,11 @@ class Reader:
         for fd in (self.pipe_out, replies_out):  # room for a 64 KiB call and its reply, written before they are read
             fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
         resolver = KernelResolver(default_stores(config.kernel_dir), None)
+        waiting = input_waiting(self.pipe_in)
+        if askers is not None:  # which threads ask whether input waits
+            waiting = _recorded(waiting, askers)
         self.router = Router(config, self.stats, executor, resolver, Replies(FrameWriter(replies_out), self.stats),
-                             input_waiting(self.pipe_in), guard_from_config(config, self.stats))
+                             waiting, guard_from_config(config, self.stats))
         self.router.start()
         self.ids = 0
 
@@ -70,6 +76,13 @@ class Reader:
 
     def held(self) -> dict:
         return self.router.intake.budget.describe()
+
+
+def _recorded(waiting, askers: list):
+    def asked():
+        askers.append(threading.current_thread().name)
+        return waiting()
+    return asked
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +203,25 @@ def test_a_lone_reply_frame_is_the_library_encoding(rng, size):
         framed = terms.ok_binary_frame(req_id, memoryview(payload))
         want = terms.encode((terms.atom("reply"), req_id, (terms.atom("ok"), terms.Binary(payload))))
         assert framed == HEADER.pack(len(want)) + want
+
+
+def test_only_the_reader_asks_whether_input_waits(tmp_path, rng):
+    """A poll object refuses two threads polling at once ("concurrent poll()
+    invocation"; CI saw it as a named call's internal error): a named call
+    admitted on a fetch thread is queued without asking, and is right."""
+    (tmp_path / "axpy.wgsl").write_text(AXPY)
+    askers: list[str] = []
+    reader = Reader(Config(kernel_dir=tmp_path, cache_dir=tmp_path / "cache"), askers)
+    for n in (1, 64, 1000):
+        x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        params = np.array([3.0], np.float32).tobytes() + np.array([n], np.uint32).tobytes()
+        buffers = {b"params": params, b"x": x.tobytes(), b"y": y.tobytes()}
+        req_id = reader.ids = reader.ids + 1
+        args = tuple(terms.to_term(a) for a in (b"axpy", buffers, {"grid": (n, 1, 1)}))
+        reader.send_frame(terms.encode((terms.atom("call"), req_id, terms.atom("run"), args, 60000)))
+        reader.handle_next()
+        tag, got_id, (ok, value) = reader.reply()
+        assert (tag, got_id, ok) == (terms.atom("reply"), req_id, terms.atom("ok")), value
+        got = np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32)
+        np.testing.assert_allclose(got, np.float32(3.0) * x + y, rtol=1e-6)
+    assert askers and set(askers) == {threading.current_thread().name}

@@ -50,9 +50,10 @@ class RunMethods:
             raise KemError("kernel_not_found", f"no kernel {call.kernel_id!r} on this node")
         admitted = self._admitted(source, call)
         if admitted is not None:
-            self._queue(request, admitted)
+            self._queue(request, admitted, on_reader=True)
             return
-        self.fetchers.submit(self.replies.answering, request.req_id, lambda: self._queue(request, self._admit(request, source)))
+        self.fetchers.submit(self.replies.answering, request.req_id,
+                             lambda: self._queue(request, self._admit(request, source), on_reader=False))
 
     def _admitted(self, source: KernelSource | None, call) -> KernelSource | None:
         if source is None or self.guard is None:
@@ -71,14 +72,16 @@ class RunMethods:
         with self.states.waiting(req_id, "admitting", f"kernel {call.kernel_id} to compile in the guard"):
             return self.guard.admit_for_session(source, call.entry_point, call.constants, gas=True)
 
-    def _queue(self, request: RunRequest, source: KernelSource) -> None:
+    def _queue(self, request: RunRequest, source: KernelSource, on_reader: bool) -> None:
         self.budget.take(request.call.batch_bytes)  # KemError overloaded: answered by the caller's `answering`
         run = NamedRun(request, source, self.replies, self.budget)
         # As short as a lone kem@1.0 call (NamedRuns.small: bounded work, no
         # loop): run on the reader when the GPU thread is idle, as that call
         # is; waking the GPU thread doubled a 4-byte call from Erlang on
-        # lavapipe (1003 against 434 us p50, scripts/bench quick).
-        if not self.input_waiting() and self.loop.executor.named.small(source, request.call) and self.loop.run_control_inline(run):
+        # lavapipe (1003 against 434 us p50, scripts/bench quick). Only on
+        # the reader: the input poll is the reader's own (stdio_guard), and a
+        # call that waited for a fetch or an admission gains nothing inline.
+        if on_reader and not self.input_waiting() and self.loop.executor.named.small(source, request.call) and self.loop.run_control_inline(run):
             self.replies.stats.inc("inline_named_calls")
             return
         try:

@@ -74,7 +74,9 @@ def input_waiting(fd: int) -> Callable[[], list]:
     """A cheap check (one zero-timeout poll) for bytes already in the pipe:
     a non-empty (true) list when some wait. The poll itself, not a function
     around it: a lone call asks once, where each Python call costs ~1 us
-    with the caches cold (docs/benchmarks.md)."""
+    with the caches cold (docs/benchmarks.md). The reader thread's alone: a
+    poll object refuses a second thread polling at the same moment
+    (RuntimeError), so other threads never ask (run_methods.py)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return partial(poller.poll, 0)

@@ -188,14 +188,19 @@ shared_memory_files_removed_when_port_killed() ->
 stale_shared_memory_dirs_are_swept() ->
     %% A directory left by a node that died (no such process) goes at start;
     %% it is provably ours: private, with an owner file (kem_shm_tests has
-    %% the cases that are not).
-    Stale = "/dev/shm/kem-999999999",
+    %% the cases that are not). Under a root of this run's own: CI runs the
+    %% OTP 25 and 27 suites at once, and a shared name met `eexist'.
+    Root = "/dev/shm/kemtest-" ++ os:getpid() ++ "-" ++ integer_to_list(erlang:unique_integer([positive])),
+    ok = file:make_dir(Root),
+    Stale = filename:join(Root, "kem-999999999"),
     ok = file:make_dir(Stale),
     ok = file:change_mode(Stale, 8#700),
     ok = kem_shm_dir:write_private(filename:join(Stale, "owner"), <<"999999999 1\n">>),
     ok = file:write_file(filename:join(Stale, "1.in"), <<"left behind">>),
     {ok, Uid} = kem_shm_dir:own_uid(),
-    _ = kem_shm_dir:sweep("/dev/shm", Uid),
+    Swept = kem_shm_dir:sweep(Root, Uid),
+    ok = file:del_dir(Root),
+    ?assertEqual(1, Swept),
     ?assertNot(filelib:is_dir(Stale)),
     ?assert(filelib:is_dir(kem_shm_dir:path())).
 
