@@ -49,7 +49,7 @@ class NamedRuns:
         self.gpu, self.stats = gpu, stats
         self._device: wgpu.GPUDevice | None = None
         self._pipelines = NamedPipelines(stats)  # per kernel, entry point and constants set (named_pipelines.py)
-        self._shapes: dict[str, KernelShape] = {}
+        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()  # filled by the reader, fetch and GPU threads (_shape)
         self._kits = NamedKits()  # per call shape, and replicas for batches (named_kits.py)
         self._plans: OrderedDict[tuple, NamedPlan] = OrderedDict()  # per call signature (named_plan.py)
         self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
@@ -227,8 +227,8 @@ class NamedRuns:
         if shape is None:
             # The kernel's own bindings, whether the text is as written or its admitted gas form.
             shape = self._shapes[source.sha256] = named_gas.kernel_shape(reflect(source.text))
-            while len(self._shapes) > PIPELINES:  # kept as long as pipelines are: bounded memory
-                self._shapes.pop(next(iter(self._shapes)))
+            while len(self._shapes) > PIPELINES:  # bounded as pipelines are; popitem, one GIL step: two threads never pop one key
+                self._shapes.popitem(last=False)
         return shape
 
     def _dispatch(self, plan: NamedPlan, datas: list[bytes | None], key: tuple) -> tuple[dict[str, bytes], tuple | None]:
