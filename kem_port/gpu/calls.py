@@ -7,12 +7,11 @@ layer knows nothing of frames or terms.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kem_port.errors import KemError, bad_args
+from kem_port.errors import KemError
 from kem_port.kernel_store import KernelSource
 from kem_port.transfer.file_inputs import FileInput, FileParts
 

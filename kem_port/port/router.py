@@ -33,7 +33,7 @@ from kem_port.stats import Stats
 from kem_port.transfer import shm
 from kem_port.wire import terms
 from kem_port.wire.protocol import INLINE_METHODS, RequestError, Shm, version_info
-from kem_port.wire.request_types import CallsRequest, GroupRequest, KernelRequest, MethodRequest, Refused
+from kem_port.wire.request_types import CallsRequest, GroupRequest, KernelRequest, MethodRequest
 from kem_port.wire.requests import Request, RequestReader
 from kem_port.wire.run_requests import RunRequest
 from kem_port.wire.session_requests import BufferRequest, ChainRequest
