@@ -256,9 +256,15 @@ def _same_as(step: Any) -> frozenset | None:
         return None
     items = []
     for key, item in step.items():
-        if type(item) not in _SAME_TYPES:
+        kind = type(item)
+        if kind not in _SAME_TYPES:
             return None
-        items.append((type(key), key, type(item), item))
+        # A binary by its bytes: erlang-py hashes and compares one by encoding
+        # it again each time (28 encodes for ten `double` steps; chain_steps
+        # on them 21 -> 10 us, timeit on the dev machine, docs/codec.md).
+        key_kind = type(key)
+        items.append((key_kind, (key.value, key.bits) if key_kind is Binary else key,
+                      kind, (item.value, item.bits) if kind is Binary else item))
     return frozenset(items)
 
 
