@@ -121,3 +121,28 @@ def test_a_chains_repeated_steps_are_read_once_and_as_each_alone():
     with pytest.raises(StepError) as err:
         sp.chain_steps(decode_hot(request(1, "chain", ([sized, bad], {})))[3][0], config)
     assert err.value.step == 1 and "output_size" in err.value.detail
+
+
+def test_repeated_steps_are_told_apart_by_their_binaries_bytes():
+    """Steps are keyed by a binary's bytes (not erlang-py's object): steps
+    naming different kernels, or buffers, stay apart; equal bytes in
+    distinct objects, and binary map keys, are one step."""
+    from kem_port.config import Config
+    from kem_port.gpu.session.chain_steps import StepError
+    from kem_port.wire import session_protocol as sp
+
+    config = Config()
+    step = lambda kernel, out: {terms.atom("kernel"): terms.Binary(kernel), terms.atom("output"): terms.Binary(out)}  # noqa: E731
+    value = [step(b"double", b"a"), step(b"double", b"b"), step(b"triple", b"a"), step(b"double", b"a")]
+    steps = sp.chain_steps(value, config)
+    assert [(s.kernel_id, s.output) for s in steps] == [("double", "a"), ("double", "b"), ("triple", "a"), ("double", "a")]
+    assert steps[0] is steps[3]  # read once
+    assert sp._same_as(step(b"double", b"a")) == sp._same_as(step(b"double", b"a"))
+    assert sp._same_as(step(b"double", b"a")) != sp._same_as({terms.atom("kernel"): terms.Binary(b"double", 7),
+                                                               terms.atom("output"): terms.Binary(b"a")})
+    binary_keys = {terms.Binary(b"kernel"): terms.Binary(b"double")}
+    assert sp._same_as(binary_keys) != sp._same_as(step(b"double", b"a"))
+    for _ in range(2):  # refused whole each time, from the cache too
+        with pytest.raises(StepError) as err:
+            sp.chain_steps([binary_keys, binary_keys], config)
+        assert err.value.step == 0 and err.value.detail == "step key 'kernel' is a binary; keys are atoms: kernel => ..."

@@ -259,9 +259,18 @@ def options(value: Any, known: tuple[str, ...], map_name: str, key_name: str) ->
     for key, item in value.items():
         name = atom_name(key)
         if name not in known:
-            raise bad_args(f"unknown {key_name} {shown(key)}; known: {', '.join(known)}")
+            raise bad_args(_unknown_key(key, known, key_name))
         named[name] = item
     return named
+
+
+def _unknown_key(key: Any, known: tuple[str, ...], key_name: str) -> str:
+    """What an unknown key is; a binary spelling a known key (<<"kernel">>
+    for kernel) is said to be one: `shown` prints both alike."""
+    raw = binary_bytes(key)
+    if raw is not None and len(raw) <= 64 and raw.decode("latin-1") in known:  # bounded: a key may be MiBs
+        return f"{key_name} {shown(key)} is a binary; keys are atoms: {raw.decode('latin-1')} => ..."
+    return f"unknown {key_name} {shown(key)}; known: {', '.join(known)}"
 
 
 def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config, shm: Shm) -> KernelCall:
