@@ -18,7 +18,7 @@ from kem_port.config import Config
 from kem_port.errors import KemError, bad_args, too_large
 from kem_port.gpu.calls import KernelCall
 from kem_port.wire.request_fast import MAX_REQ_ID
-from kem_port.wire.terms import atom_name, binary_bytes, shown
+from kem_port.wire.terms import atom_name, binary_bytes, shown, unknown_key
 
 # Used with fullmatch: "$" also matches before a trailing newline.
 KERNEL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -259,18 +259,9 @@ def options(value: Any, known: tuple[str, ...], map_name: str, key_name: str) ->
     for key, item in value.items():
         name = atom_name(key)
         if name not in known:
-            raise bad_args(_unknown_key(key, known, key_name))
+            raise bad_args(unknown_key(key, known, key_name))
         named[name] = item
     return named
-
-
-def _unknown_key(key: Any, known: tuple[str, ...], key_name: str) -> str:
-    """What an unknown key is; a binary spelling a known key (<<"kernel">>
-    for kernel) is said to be one: `shown` prints both alike."""
-    raw = binary_bytes(key)
-    if raw is not None and len(raw) <= 64 and raw.decode("latin-1") in known:  # bounded: a key may be MiBs
-        return f"{key_name} {shown(key)} is a binary; keys are atoms: {raw.decode('latin-1')} => ..."
-    return f"unknown {key_name} {shown(key)}; known: {', '.join(known)}"
 
 
 def _execute_opts(kid: str, data: bytes | memoryview, opts: Any, config: Config, shm: Shm) -> KernelCall:

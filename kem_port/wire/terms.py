@@ -86,6 +86,15 @@ def shown(value: Any, limit: int = 40) -> str:
     return "'" + (text if len(text) <= limit else text[:limit] + "...") + "'"
 
 
+def unknown_key(key: Any, known: tuple[str, ...], key_name: str) -> str:
+    """A refusal of a key not in `known`; a binary spelling a known key
+    (<<"kernel">> for kernel) is said to be one, as `shown` prints both alike."""
+    raw = binary_bytes(key)
+    if raw is not None and len(raw) <= 64 and raw.decode("latin-1") in known:  # bounded: a key may be MiBs
+        return f"{key_name} {shown(key)} is a binary; keys are atoms: {raw.decode('latin-1')} => ..."
+    return f"unknown {key_name} {shown(key)}; known: {', '.join(known)}"
+
+
 def binary_bytes(value: Any) -> bytes | None:
     """The bytes of a binary term (whole bytes only), or None."""
     if isinstance(value, Binary) and value.bits == 8 and isinstance(value.value, bytes):
