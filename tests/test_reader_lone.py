@@ -225,3 +225,38 @@ def test_only_the_reader_asks_whether_input_waits(tmp_path, rng):
         got = np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32)
         np.testing.assert_allclose(got, np.float32(3.0) * x + y, rtol=1e-6)
     assert askers and set(askers) == {threading.current_thread().name}
+
+
+def test_a_named_call_that_fails_before_it_runs_gives_its_share_back(tmp_path, rng, monkeypatch):
+    """RunMethods._queue takes the call's share first; a failure before the
+    run starts (here NamedRuns.small raising, as two races once made it)
+    answers the caller and gives the share back, not held for good."""
+    (tmp_path / "axpy.wgsl").write_text(AXPY)
+    reader = Reader(Config(kernel_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    n = 64
+    params = np.array([3.0], np.float32).tobytes() + np.array([n], np.uint32).tobytes()
+
+    def run_once() -> tuple:
+        x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        req_id = reader.ids = reader.ids + 1
+        args = tuple(terms.to_term(a) for a in (b"axpy", {b"params": params, b"x": x.tobytes(), b"y": y.tobytes()},
+                                                {"grid": (n, 1, 1)}))
+        reader.send_frame(terms.encode((terms.atom("call"), req_id, terms.atom("run"), args, 60000)))
+        reader.handle_next()
+        return reader.reply()[2], x, y
+
+    (ok, _), _, _ = run_once()  # admitted on a fetch thread
+    assert ok == terms.atom("ok")
+
+    def broken(*_args):
+        raise RuntimeError("small failed")
+
+    monkeypatch.setattr(reader.router.loop.executor.named, "small", broken)
+    (error, (reason, _detail)), _, _ = run_once()
+    assert (error, reason) == (terms.atom("error"), terms.atom("internal"))
+    assert reader.held() == {"held_calls": 0, "held_bytes": 0}
+    monkeypatch.undo()
+    (ok, value), x, y = run_once()
+    assert ok == terms.atom("ok")
+    np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32), np.float32(3.0) * x + y, rtol=1e-6)
+    assert reader.held() == {"held_calls": 0, "held_bytes": 0}

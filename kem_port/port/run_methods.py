@@ -81,7 +81,12 @@ class RunMethods:
         # lavapipe (1003 against 434 us p50, scripts/bench quick). Only on
         # the reader: the input poll is the reader's own (stdio_guard), and a
         # call that waited for a fetch or an admission gains nothing inline.
-        if on_reader and not self.input_waiting() and self.loop.executor.named.small(source, request.call) and self.loop.run_control_inline(run):
+        try:
+            inline = on_reader and not self.input_waiting() and self.loop.executor.named.small(source, request.call)
+        except BaseException:  # the run never started: its share is ours to give back
+            self.budget.give(request.call.batch_bytes)
+            raise
+        if inline and self.loop.run_control_inline(run):
             self.replies.stats.inc("inline_named_calls")
             return
         try:
