@@ -82,3 +82,32 @@ def test_kernel_shapes_filled_from_many_threads_at_once(port_switch_interval):
     assert failures == []
     assert wrong == []
     assert len(runs._shapes) <= PIPELINES  # still bounded
+
+
+def test_kept_caches_stay_bounded_and_right_under_many_threads(port_switch_interval):
+    """gpu/kept.py, which every shape cache and NamedRuns' reached-names
+    cache now fill through: 8 threads over keys that overlap, a small bound
+    passed all the time; each gets its own key's value, never an error."""
+    from collections import OrderedDict
+
+    from kem_port.gpu.kept import kept
+
+    cache: OrderedDict = OrderedDict()
+    failures: list[str] = []
+
+    def caller(thread: int) -> None:
+        try:
+            for i in range(5000):
+                key = (i * 7 + thread) % 300  # threads share keys
+                if kept(cache, key, lambda k=key: ("shape", k), 16) != ("shape", key):
+                    failures.append(f"wrong value for {key}")
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(cache) <= 16

@@ -28,6 +28,7 @@ from kem_port.gpu.named.named_batch import run_together, staging_bytes
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.named.named_kits import KIT_BYTES, NamedKits
 from kem_port.gpu.native import NativePath
+from kem_port.gpu.kept import kept
 from kem_port.gpu.named.named_pipelines import PIPELINES, NamedPipelines
 from kem_port.gpu.named.named_plan import PLANS, NamedPlan, given_keys, signature
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
@@ -49,10 +50,10 @@ class NamedRuns:
         self.gpu, self.stats = gpu, stats
         self._device: wgpu.GPUDevice | None = None
         self._pipelines = NamedPipelines(stats)  # per kernel, entry point and constants set (named_pipelines.py)
-        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()  # filled by the reader, fetch and GPU threads (_shape)
+        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()  # filled by the reader, fetch and GPU threads (kept.py)
         self._kits = NamedKits()  # per call shape, and replicas for batches (named_kits.py)
         self._plans: OrderedDict[tuple, NamedPlan] = OrderedDict()  # per call signature (named_plan.py)
-        self._uses: dict[tuple, set[str] | None] = {}  # per (kernel, entry point): the names its code reaches
+        self._uses: OrderedDict[tuple, set[str] | None] = OrderedDict()  # per (kernel, entry point): the names its code reaches
 
     def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
         """The call's returned buffers by WGSL name, with its gas (.gas).
@@ -215,21 +216,11 @@ class NamedRuns:
 
     def _used(self, source: KernelSource, entry: str) -> set[str] | None:
         """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
-        key = (source.sha256, entry)
-        if key not in self._uses:
-            self._uses[key] = used_names(source.text, entry)
-            while len(self._uses) > PIPELINES:
-                self._uses.pop(next(iter(self._uses)))
-        return self._uses[key]
+        return kept(self._uses, (source.sha256, entry), lambda: used_names(source.text, entry), PIPELINES)
 
     def _shape(self, source: KernelSource) -> KernelShape:
-        shape = self._shapes.get(source.sha256)
-        if shape is None:
-            # The kernel's own bindings, whether the text is as written or its admitted gas form.
-            shape = self._shapes[source.sha256] = named_gas.kernel_shape(reflect(source.text))
-            while len(self._shapes) > PIPELINES:  # bounded as pipelines are; popitem, one GIL step: two threads never pop one key
-                self._shapes.popitem(last=False)
-        return shape
+        # The kernel's own bindings, whether the text is as written or its admitted gas form.
+        return kept(self._shapes, source.sha256, lambda: named_gas.kernel_shape(reflect(source.text)), PIPELINES)
 
     def _dispatch(self, plan: NamedPlan, datas: list[bytes | None], key: tuple) -> tuple[dict[str, bytes], tuple | None]:
         kit = plan.kit

@@ -24,6 +24,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu import contract, gas_meter
+from kem_port.gpu.kept import SHAPES, kept
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
 from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
@@ -53,9 +54,13 @@ class SessionPipelines:
         self.stats = stats
         self._device: wgpu.GPUDevice | None = None
         self._cache: OrderedDict[tuple, SessionPipeline] = OrderedDict()
-        self._shapes: dict[str, KernelShape] = {}
+        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._serial = 0
+
+    def _shape(self, source: KernelSource, text: str | None = None) -> KernelShape:
+        """The kernel's own shape, by its text (`text`: its gas form, when the caller has made it)."""
+        return kept(self._shapes, source.sha256, lambda: own_shape(text if text is not None else gas_text(source)[0]), SHAPES)
 
     def has(self, source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None = None) -> bool:
         return _key(source, entry_point, params, constants) in self._cache
@@ -70,13 +75,11 @@ class SessionPipelines:
         found = self._cache.get(key)
         if found is not None:
             if params is not None and found.shape.positional:
-                contract.check_params_size(self._shapes[source.sha256], params)
+                contract.check_params_size(self._shape(source), params)
             self._cache.move_to_end(key)
             return found
         text, gas_group = gas_text(source)
-        shape = self._shapes.get(source.sha256)
-        if shape is None:
-            shape = self._shapes[source.sha256] = own_shape(text)
+        shape = self._shape(source, text)
         layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(text, entry_point))
         check_workgroup_limits(layout.entry, device.limits)  # once per pipeline: its constants set fixes the size
         if gas_group is not None:
