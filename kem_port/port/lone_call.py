@@ -28,13 +28,16 @@ else leaves before anything is done (False) and the router hands the call
 to intake.submit, where every refusal is given in its order. A failure on
 the GPU is answered by the executor's rules (Executor.run_lone's).
 
-**The budget.** A call here takes no share: shares are taken only on the
+**The budget.** A call here takes no share: shares are taken on the
 reader (intake.submit, submit_group), which runs nothing else until this
 call is answered, so a share held meanwhile could refuse no one and no
 one could see it (``stats`` is answered on the reader too). The refusal
-test is budget.take's, read without its lock: other threads only give
-shares back, so a stale read can only send a call to intake's road, where
-take decides under the lock.
+test is budget.take's, read without its lock. Other threads give shares
+back, and one takes them: a named call that waited for a fetch or an
+admission takes its share on its fetch thread (run_methods.py). So a
+stale read either sends a call to intake's road, where take decides
+under the lock, or lets this one small call run while that share arrives:
+over the bound by one small call for the time it runs, never a queue.
 """
 
 from __future__ import annotations
