@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -28,12 +29,15 @@ THREADS = 8  # the copy rate stops growing past 8 on the H100 host (4: 14 GB/s, 
 RANGE_MIN = 1 << 20  # below a MiB per thread, a thread's hand-off costs more than it saves
 
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()  # the reader and fetch threads may ask first at once: one pool, not two
 
 
 def pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="kem-bulk")
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="kem-bulk")
     return _pool
 
 
