@@ -57,20 +57,21 @@ port_env(#{adapter := I} = Group) ->
     [{"KEM_ADAPTER", integer_to_list(I)}, {"KEM_ADAPTER_PINNED_BY", By}].
 
 %% @doc How many ports Group gets under the `ports' setting: a number as
-%% given; `auto' three on a discrete GPU, one otherwise. One port's GIL
+%% given; `auto' two on a discrete GPU, one otherwise. One port's GIL
 %% bounds its small calls near 30k/s on an H100 while the GPU has room;
 %% a second port, placed least loaded (kem_place), took 64 callers from
 %% 28.6-33.5k to 43.6-44.2k calls/s with no cost to a lone call. A third
-%% gives small calls no more but takes 64 callers of 10-step chains from
-%% 5.2-7.1k to 8.7-9.3k chains/s and of named calls from 12.9-15.7k to
-%% 17.3-18.5k; a fourth costs small calls a fifth (27-29k against 32-36k:
-%% the GPU time-slices between processes) for 10.1-11.5k chains/s
-%% (docs/benchmarks.md, "Ports per GPU"). A CPU adapter has no such
-%% headroom, and a group whose type discovery did not report (configured
-%% indexes, a pinned adapter) keeps one.
+%% gives small calls no more, and chains and named calls more (64
+%% callers of 10-step chains 5.2-7.1k -> 8.7-9.3k/s), but on two GPUs
+%% three ports a group kept more calls at home before spilling: 64
+%% callers of small calls fell to 33.6k, below one GPU's 35.7k
+%% (docs/benchmarks.md, "Ports per GPU"). So two stays the default and a
+%% chain-heavy node sets `ports'. A CPU adapter has no such headroom, and
+%% a group whose type discovery did not report (configured indexes, a
+%% pinned adapter) keeps one.
 -spec ports_for(group(), pos_integer() | auto) -> pos_integer().
 ports_for(_Group, N) when is_integer(N) -> N;
-ports_for(#{type := <<"DiscreteGPU">>}, auto) -> 3;
+ports_for(#{type := <<"DiscreteGPU">>}, auto) -> 2;
 ports_for(_Group, auto) -> 1.
 
 %%% internals
@@ -155,6 +156,6 @@ ports_for_test() ->
     [Discrete] = choose([#{<<"index">> => 0, <<"type">> => <<"DiscreteGPU">>, <<"backend">> => <<"Vulkan">>}], []),
     [Integrated] = choose([#{<<"index">> => 0, <<"type">> => <<"IntegratedGPU">>, <<"backend">> => <<"Vulkan">>}], []),
     [Cpu] = choose([#{<<"index">> => 0, <<"type">> => <<"CPU">>, <<"backend">> => <<"Vulkan">>}], []),
-    ?assertEqual([3, 1, 1, 1], [ports_for(G, auto) || G <- [Discrete, Integrated, Cpu, ?DEFAULT]]),
+    ?assertEqual([2, 1, 1, 1], [ports_for(G, auto) || G <- [Discrete, Integrated, Cpu, ?DEFAULT]]),
     ?assertEqual([3, 3], [ports_for(G, 3) || G <- [Discrete, Cpu]]).
 -endif.
