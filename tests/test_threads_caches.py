@@ -38,6 +38,15 @@ def _kernel(n: int, size: int) -> KernelSource:
     return source_from_bytes(f"k{n}", text.encode(), "test", "local")
 
 
+def _all_at_once(caller) -> None:
+    """caller(0) .. caller(THREADS - 1), each on its own thread, all joined."""
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 @pytest.fixture
 def port_switch_interval():
     """The port's own GIL switch interval (port/server.py sets it)."""
@@ -74,11 +83,7 @@ def test_kernel_shapes_filled_from_many_threads_at_once(port_switch_interval):
         except Exception as exc:  # what the port would answer as internal
             failures.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=caller, args=(t,)) for t in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _all_at_once(caller)
     assert failures == []
     assert wrong == []
     assert len(runs._shapes) <= PIPELINES  # still bounded
@@ -104,10 +109,6 @@ def test_kept_caches_stay_bounded_and_right_under_many_threads(port_switch_inter
         except Exception as exc:
             failures.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=caller, args=(t,)) for t in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _all_at_once(caller)
     assert failures == []
     assert len(cache) <= 16
