@@ -112,3 +112,7 @@ def test_kept_caches_stay_bounded_and_right_under_many_threads(port_switch_inter
     _all_at_once(caller)
     assert failures == []
     assert len(cache) <= 16
+    made: list[int] = []
+    for _ in range(3):  # None is kept too, not made again
+        assert kept(cache, "none", lambda: made.append(1), 16) is None
+    assert made == [1]

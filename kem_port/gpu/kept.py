@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 T = TypeVar("T")
+_MISSING = object()  # None is a value kept too (used_names' "cannot tell")
 
 # Kernel shapes kept per text: a few KB each, so 1,024 texts are a few MB
 # however many distinct kernels strangers send (each one admitted first).
@@ -20,8 +21,8 @@ def kept(cache: OrderedDict, key: Hashable, make: Callable[[], T], limit: int) -
     once: each step here is one step under the GIL (popitem, not
     pop(next(iter(...))), which let two threads evict one key and failed a
     call as internal), and the value made is returned, not read back."""
-    found = cache.get(key)
-    if found is None:
+    found = cache.get(key, _MISSING)
+    if found is _MISSING:
         found = cache[key] = make()
         while len(cache) > limit:
             try:
