@@ -87,11 +87,14 @@ def shown(value: Any, limit: int = 40) -> str:
 
 
 def unknown_key(key: Any, known: tuple[str, ...], key_name: str) -> str:
-    """A refusal of a key not in `known`; a binary spelling a known key
-    (<<"kernel">> for kernel) is said to be one, as `shown` prints both alike."""
-    raw = binary_bytes(key)
+    """A refusal of a key not in `known`; a binary or an Erlang string
+    spelling a known key (<<"kernel">> or "kernel" for kernel) is said to be
+    one, as `shown` prints all three alike."""
+    raw, kind = binary_bytes(key), "a binary"
+    if type(key) is bytes:  # erlang-py gives an Erlang string (STRING_EXT) as bytes
+        raw, kind = key, "a string"
     if raw is not None and len(raw) <= 64 and raw.decode("latin-1") in known:  # bounded: a key may be MiBs
-        return f"{key_name} {shown(key)} is a binary; keys are atoms: {raw.decode('latin-1')} => ..."
+        return f"{key_name} {shown(key)} is {kind}; keys are atoms: {raw.decode('latin-1')} => ..."
     return f"unknown {key_name} {shown(key)}; known: {', '.join(known)}"
 
 

@@ -1,0 +1,279 @@
+"""Red team 5: this session's changes attacked (wave 3, session 5).
+
+* a chain's repeated steps keyed by value (session_protocol._same_as):
+  two steps Erlang tells apart never share a key, from either decoder;
+* terms.unknown_key: a key spelling a known option in the wrong type is
+  told so, cheaply, whatever its size;
+* Replies.ok splicing a binary result: every ReqId form the port takes,
+  empty and > 64 KiB results, replies frames mixed with errors;
+* gpu/kept.py: a session kernel's shape evicted while its pipeline stays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+import time
+from pathlib import Path
+
+import erlang
+import numpy as np
+import pytest
+from conftest import start_port
+
+from kem_port.client import PortError
+from kem_port.config import Config
+from kem_port.errors import KemError
+from kem_port.gpu.session.chain_steps import StepError
+from kem_port.wire import session_protocol as sp
+from kem_port.wire import terms
+from kem_port.wire.etf_guard import check_frame
+from kem_port.wire.narrow_decode import decode_hot
+
+KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
+UNDEF = terms.atom("undefined")
+A, B = terms.atom, terms.Binary
+
+
+@pytest.fixture(scope="module")
+def port():
+    with start_port(KEM_KERNEL_DIR=KERNELS) as client:
+        yield client
+
+
+def _raw(port, method: str, *args, timeout: float = 30.0):
+    """A call whose arguments are erlang-py terms as they are (the client's
+    own encoding turns bytes into binaries and str keys into atoms)."""
+    return port.call_raw(lambda req_id: erlang.term_to_binary((A("call"), req_id, A(method), args)), timeout)
+
+
+# -- 1. repeated steps keyed by value -----------------------------------------
+
+# Erlang terms that are all different to Erlang (by construction), several
+# of which Python holds equal or spells alike: 1 == True == 1.0, an atom
+# and a binary and a charlist of one text, a bitstring and its bytes.
+_VALUES = [
+    A("main"), A("double"), A("a"), A("kernel"), A("output"),
+    B(b"main"), B(b"double"), B(b"a"), B(b"kernel"), B(b""), B(b"\x00"),
+    B(b"double", 7), B(b"\x80", 1), B(b"\x81", 1), B(b"", 8),
+    b"main", b"double", b"a",  # charlists (erlang-py sends bytes as a string)
+    0, 1, -1, 255, 256, 2**31 - 1, 2**31, 2**63, 2**64 - 1, 2**64, -(2**64), 2**200,
+    True, False, None, 1.0, 0.0, -0.0, 64.0,
+    (1, 1, 1), [], [B(b"a")], {A("a"): 1},
+]
+_KEYS = [A("kernel"), A("output"), A("entry_point"), A("output_size"), A("input"),
+         B(b"kernel"), B(b"output"), b"kernel", 1, 2**64, B(b"kernel", 7), A("true")]
+
+
+def _decoded(term: dict) -> list:
+    """The term as the port reads it: the narrow decoder's, and erlang-py's
+    behind etf_guard's walk (which refuses a map keyed by both 1 and true,
+    merged into one key by Python), as terms.decode_request reads a frame."""
+    frame = erlang.term_to_binary(term)
+    out = []
+    hot = decode_hot(frame)
+    if hot is not None:
+        out.append(hot)
+    try:
+        check_frame(frame)
+    except KemError:
+        return out
+    return out + [erlang.binary_to_term(frame)]
+
+
+def test_steps_erlang_tells_apart_never_share_a_key_from_either_decoder():
+    """4000 random step maps of 1..4 keys from a pool of terms Python
+    confuses (true/1/1.0, 0.0/-0.0, atom/binary/charlist of one text,
+    bitstrings, big ints, keys and values swapped), decoded by erlang-py
+    and by the narrow decoder: whenever two get one key from _same_as,
+    they are one Erlang map (the pool's atoms all spelled one way, so
+    erlang-py's encoding is the term's identity)."""
+    rng = random.Random()
+    hashable = [v for v in _VALUES if not isinstance(v, (list, dict))]
+    seen: dict[frozenset, frozenset] = {}
+    keyed = 0
+    for _ in range(4000):
+        n = rng.randint(1, 4)
+        if rng.random() < 0.2:  # swapped: values as keys, keys as values
+            pairs = [(rng.choice(hashable), rng.choice(_KEYS)) for _ in range(n)]
+        else:
+            pairs = [(rng.choice(_KEYS), rng.choice(_VALUES)) for _ in range(n)]
+        term = dict(pairs)
+        if len(term) != n:  # a key twice, or two Python merges (1 and 1.0): not n pairs
+            continue
+        ident = frozenset((erlang.term_to_binary(k), erlang.term_to_binary(v)) for k, v in term.items())
+        for decoded in _decoded(term):
+            key = sp._same_as(decoded)
+            if key is None:
+                continue
+            keyed += 1
+            assert seen.setdefault(key, ident) == ident, (term, key)
+    assert keyed > 1000  # the attack reached the cache's keys
+
+
+@pytest.mark.parametrize("variant", [
+    {A("kernel"): A("double")},                       # an atom where the binary was
+    {A("kernel"): B(b"double", 7)},                   # a bitstring of the same bytes
+    {A("kernel"): b"double"},                         # a charlist (STRING_EXT)
+    {B(b"kernel"): B(b"double")},                     # the key a binary
+    {A("kernel"): B(b"double"), A("output_size"): True},
+    {A("kernel"): B(b"double"), A("output_size"): 64.0},
+])
+def test_a_step_like_a_good_one_is_refused_at_its_own_index_through_the_port(port, rng, variant):
+    """[good, variant, good]: the variant differs from the good step only
+    in a type; it is refused as step 2, on the narrow decoder's road (a
+    ReqId as INTEGER_EXT) and on erlang-py's (the same frame, its ReqId as
+    LARGE_BIG_EXT, which the narrow decoder leaves); the good chain runs."""
+    good = {A("kernel"): B(b"double"), A("output_size"): 64}
+    frame = erlang.term_to_binary((A("call"), 0, A("chain"), (UNDEF, [good, variant, good], {A("input"): B(bytes(64))})))
+    for road in ("narrow", "erlang-py"):
+        (req_id,) = port.next_req_ids(1)
+        form = b"b" + req_id.to_bytes(4, "big") if road == "narrow" else b"o\x00\x00\x00\x04\x00" + req_id.to_bytes(4, "little")
+        sent = _with_req_id(frame, form)
+        if road == "erlang-py":
+            assert decode_hot(sent) is None
+        with pytest.raises(PortError) as err:
+            port.call_raw_frame(sent, [req_id])[0].result(30)
+        assert err.value.step == 2 and err.value.reason != "internal", err.value
+    x = rng.integers(0, 2**32, 16, dtype=np.uint32)
+    got = _raw(port, "chain", UNDEF, [good, good, good], {A("input"): B(x.tobytes())})
+    assert np.array_equal(np.frombuffer(got, "<u4"), x * np.uint32(8))
+
+
+# -- 2. a known option's name as a key of the wrong type -----------------------
+
+
+def test_an_erlang_string_key_spelling_a_known_option_is_said_to_be_a_string():
+    """#{"kernel" => ...} (an Erlang string, as "kernel" in double quotes
+    is) was refused as "unknown step key 'kernel'; known: kernel, ...":
+    the very confusion the binary's message removed."""
+    config = Config()
+    for key in (b"kernel", b"output"):
+        with pytest.raises(StepError) as err:
+            sp.chain_steps([{key: B(b"double")}], config)
+        detail = err.value.detail
+        assert detail.startswith(f"step key '{key.decode()}' is a string; keys are atoms"), detail
+        assert "unknown" not in detail
+    with pytest.raises(StepError) as err:  # a string that spells no option: unknown, as before
+        sp.chain_steps([{b"kernels": B(b"double")}], config)
+    assert err.value.detail.startswith("unknown step key 'kernels'; known: kernel,")
+
+
+def test_an_erlang_string_key_through_the_port(port):
+    frame_key = {b"kernel": B(b"double")}
+    with pytest.raises(PortError) as err:
+        _raw(port, "chain", UNDEF, [frame_key], {A("input"): B(bytes(16))})
+    assert err.value.reason == "bad_args" and "is a string; keys are atoms: kernel => ..." in err.value.detail
+
+
+@pytest.mark.parametrize("size", [65, 1 << 20, 16 << 20])
+def test_a_huge_key_spelling_a_known_option_is_refused_cheaply_and_shortly(port, size):
+    """A binary key of `size` bytes starting with a known name: refused in
+    well under a second, the reply's detail short and escaped."""
+    key = b"kernel" + b"\n\x00'" * ((size - 6) // 3 + 1)
+    started = time.perf_counter()
+    with pytest.raises(PortError) as err:
+        _raw(port, "chain", UNDEF, [{B(key[:size]): B(b"double")}], {A("input"): B(bytes(16))})
+    took = time.perf_counter() - started
+    detail = err.value.detail
+    assert err.value.reason in ("bad_args", "too_large") and len(detail) < 400, detail
+    assert "\x00" not in detail and "\n" not in detail and took < 2.0, (took, detail[:200])
+
+
+# -- 3. a binary result spliced: every ReqId form, sizes, replies frames ------
+
+
+def _req_id_forms(n: int) -> list[bytes]:
+    """Every ETF spelling of the non-negative integer n the port takes."""
+    forms = []
+    if n < 256:
+        forms.append(bytes([97, n]))
+    if n < 2**31:
+        forms.append(b"b" + n.to_bytes(4, "big"))
+    for width in {max(1, (n.bit_length() + 7) // 8), 8}:
+        if n < 256 ** width:
+            digits = n.to_bytes(width, "little")
+            forms.append(bytes([110, width, 0]) + digits)           # SMALL_BIG
+            forms.append(b"o" + struct.pack(">I", width) + b"\x00" + digits)  # LARGE_BIG
+    return forms
+
+
+def _with_req_id(frame: bytes, form: bytes) -> bytes:
+    """A request frame encoded with ReqId 0 (SMALL_INTEGER at byte 9),
+    its ReqId spelled `form` instead."""
+    head = bytes([131, 104]) + frame[2:3] + erlang.term_to_binary(A("call"))[1:]
+    assert frame.startswith(head) and frame[len(head):len(head) + 2] == b"a\x00"
+    return head + form + frame[len(head) + 2:]
+
+
+@pytest.mark.parametrize("req_id", [0, 1, 255, 256, 2**31 - 1, 2**31, 2**32, 2**63, 2**64 - 1])
+def test_binary_results_reach_every_req_id_form(port, rng, req_id):
+    """hello, a session buffer's read (empty, small, > 64 KiB) and a chain
+    answered to a ReqId written in each ETF form the port takes."""
+    session = port.session_open()
+    big = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    session.create("big", big)
+    x = rng.integers(0, 2**32, 32, dtype=np.uint32)
+    asks = [
+        ((A("hello"), ()), b"Hello world!"),
+        ((A("buffer_read"), (session.ref, B(b"big"), 0, 0)), b""),
+        ((A("buffer_read"), (session.ref, B(b"big"), 8, 1000)), big[8:1008]),
+        ((A("buffer_read"), (session.ref, B(b"big"), 0, UNDEF)), big),
+        ((A("chain"), (UNDEF, [{A("kernel"): B(b"double")}] * 3, {A("input"): B(x.tobytes())})), (x * np.uint32(8)).tobytes()),
+    ]
+    try:
+        for (method, args), want in asks:
+            frame = erlang.term_to_binary((A("call"), 0, method, args))
+            for form in _req_id_forms(req_id):
+                got = port.call_raw_frame(_with_req_id(frame, form), [req_id])[0].result(30)
+                assert got == want, (method, form)
+        assert not port.unmatched
+    finally:
+        session.close()
+
+
+def test_calls_frames_of_binary_results_and_errors_each_reach_their_caller(port, rng):
+    """Calls frames (the node's) of chains, session reads of 0 B to 100 KB,
+    hello and refusals, behind a busy GPU so chains gather: each caller
+    gets its own bytes or its own error, whether its reply came alone or in
+    a replies frame; big ReqIds (to 2^64 - 1) included."""
+    session = port.session_open()
+    big = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    session.create("big", big)
+    steps = [{A("kernel"): B(b"double")}] * 4
+    try:
+        for round_ in range(3):
+            frames, ids, want = [], [], []
+            base = [5, 2**32 + 7, 2**63 + 11, 2**64 - 300][round_ % 4] if round_ else None
+            for i in range(60):
+                req_id = base + i if base is not None else port.next_req_ids(1)[0]
+                kind = i % 6
+                if kind in (0, 1):
+                    x = rng.integers(0, 2**32, rng.integers(1, 64), dtype=np.uint32)
+                    call, expect = (A("chain"), (UNDEF, steps, {A("input"): B(x.tobytes())})), (x * np.uint32(16)).tobytes()
+                elif kind == 2:
+                    off, n = 4 * int(rng.integers(0, 250)), int(rng.choice([0, 4, 8, 70_000, 99_000]))
+                    call, expect = (A("buffer_read"), (session.ref, B(b"big"), off, n)), big[off:off + n]
+                elif kind == 3:
+                    call, expect = (A("hello"), ()), b"Hello world!"
+                elif kind == 4:
+                    call, expect = (A("chain"), (UNDEF, steps, {A("input"): B(bytes(12)), A("return"): [B(b"nope")]})), PortError
+                else:
+                    call, expect = (A("buffer_read"), (session.ref, B(b"missing"), 0, 4)), PortError
+                frames.append(erlang.term_to_binary((A("call"), req_id, *call, 30_000)))
+                ids.append(req_id)
+                want.append(expect)
+            busy = port.call_async("test_hook", A("sleep_gpu"), 300)
+            pending = port.call_raw_batch(frames, ids)
+            busy.result(30)
+            for expect, fut in zip(want, pending):
+                if expect is PortError:
+                    with pytest.raises(PortError) as err:
+                        fut.result(60)
+                    assert err.value.reason != "internal"
+                else:
+                    assert fut.result(60) == expect
+        assert not port.unmatched
+    finally:
+        session.close()
