@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 import struct
 import time
@@ -242,6 +241,9 @@ def test_calls_frames_of_binary_results_and_errors_each_reach_their_caller(port,
     big = rng.integers(0, 256, 100_000, dtype=np.uint8).tobytes()
     session.create("big", big)
     steps = [{A("kernel"): B(b"double")}] * 4
+    for _ in range(2):  # the chain's shape planned, then kept: later ones may gather
+        _raw(port, "chain", UNDEF, steps, {A("input"): B(bytes(128))})
+    batches = port.call("stats").get(A("chain_batches"), 0)
     try:
         for round_ in range(3):
             frames, ids, want = [], [], []
@@ -250,7 +252,7 @@ def test_calls_frames_of_binary_results_and_errors_each_reach_their_caller(port,
                 req_id = base + i if base is not None else port.next_req_ids(1)[0]
                 kind = i % 6
                 if kind in (0, 1):
-                    x = rng.integers(0, 2**32, rng.integers(1, 64), dtype=np.uint32)
+                    x = rng.integers(0, 2**32, 32, dtype=np.uint32)  # one shape, so they gather
                     call, expect = (A("chain"), (UNDEF, steps, {A("input"): B(x.tobytes())})), (x * np.uint32(16)).tobytes()
                 elif kind == 2:
                     off, n = 4 * int(rng.integers(0, 250)), int(rng.choice([0, 4, 8, 70_000, 99_000]))
@@ -275,5 +277,74 @@ def test_calls_frames_of_binary_results_and_errors_each_reach_their_caller(port,
                 else:
                     assert fut.result(60) == expect
         assert not port.unmatched
+        assert port.call("stats").get(A("chain_batches"), 0) > batches  # chains were gathered: a replies frame
     finally:
         session.close()
+
+
+# -- 4. kernel shapes evicted while their pipelines stay ----------------------
+
+_PARAMS_KERNEL = """
+struct P {{ scale: u32, add: u32 }}
+@group(0) @binding(0) var<storage, read> input_words: array<u32>;
+@group(0) @binding(1) var<storage, read_write> output_words: array<u32>;
+@group(0) @binding(2) var<uniform> params: P;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    if (gid.x < arrayLength(&output_words)) {{ output_words[gid.x] = input_words[gid.x] * params.scale + params.add + {n}u; }}
+}}
+"""
+
+
+def test_a_session_kernels_shape_evicted_while_its_pipeline_stays_still_checks_params(monkeypatch, request):
+    """The shapes' bound (kept.SHAPES, 4 here for speed) passed by other
+    kernels while the params kernel's pipeline stays cached (128 of
+    those): its next call with short params is still refused by its shape,
+    made again, and one with whole params gets the very pipeline kept, no
+    compile; the shapes stay bounded."""
+    from kem_port.gpu.device import Device
+    from kem_port.gpu.session import session_pipelines as sp_mod
+    from kem_port.kernel_store import source_from_bytes
+    from kem_port.stats import Stats
+
+    monkeypatch.setattr(sp_mod, "SHAPES", 4)
+    stats = Stats()
+    device = Device(Config(), stats)
+    device.open()
+    gpu = device.require()
+    pipes = sp_mod.SessionPipelines(stats)
+    request.addfinalizer(device.close)
+    sources = [source_from_bytes(f"p{n}", _PARAMS_KERNEL.format(n=n).encode(), "test", "local") for n in range(12)]
+    kept_one = pipes.get(gpu, sources[0], "main", bytes(8))
+    for rounds in range(2):
+        for other in sources[1:]:  # eight more shapes than the bound: p0's goes
+            pipes.get(gpu, other, "main", bytes(8))
+        assert sources[0].sha256 not in pipes._shapes and len(pipes._shapes) <= 4
+        compiles = stats.snapshot().get("compiles", 0)
+        with pytest.raises(KemError) as err:
+            pipes.get(gpu, sources[0], "main", bytes(4))
+        assert err.value.reason == "bad_args" and "8 bytes" in err.value.detail
+        assert pipes.get(gpu, sources[0], "main", bytes(8)) is kept_one
+        assert stats.snapshot().get("compiles", 0) == compiles
+    assert len(pipes._shapes) <= 4
+
+
+def test_gathered_chains_past_a_replies_frames_bytes_each_get_their_own(port, rng):
+    """80 chains of 16 KiB results gathered (1.3 MB: past a replies frame's
+    1 MiB, so split between results), sent in calls frames behind a busy
+    GPU: every caller gets its own values."""
+    steps = [{A("kernel"): B(b"double")}] * 2
+    n = 4096
+    for _ in range(2):
+        _raw(port, "chain", UNDEF, steps, {A("input"): B(bytes(4 * n))})
+    batches = port.call("stats").get(A("chain_batches"), 0)
+    xs = [rng.integers(0, 2**32, n, dtype=np.uint32) for _ in range(80)]
+    ids = port.next_req_ids(len(xs))
+    frames = [erlang.term_to_binary((A("call"), i, A("chain"), (UNDEF, steps, {A("input"): B(x.tobytes())}), 30_000))
+              for i, x in zip(ids, xs)]
+    busy = port.call_async("test_hook", A("sleep_gpu"), 400)
+    pending = [f for k in range(0, 80, 40) for f in port.call_raw_batch(frames[k:k + 40], ids[k:k + 40])]  # frames under 2 MiB
+    busy.result(30)
+    for x, fut in zip(xs, pending):
+        assert np.array_equal(np.frombuffer(fut.result(60), "<u4"), x * np.uint32(4))
+    assert port.call("stats").get(A("chain_batches"), 0) > batches
