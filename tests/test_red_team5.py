@@ -348,3 +348,57 @@ def test_gathered_chains_past_a_replies_frames_bytes_each_get_their_own(port, rn
     for x, fut in zip(xs, pending):
         assert np.array_equal(np.frombuffer(fut.result(60), "<u4"), x * np.uint32(4))
     assert port.call("stats").get(A("chain_batches"), 0) > batches
+
+
+# -- 5. named calls admitted on fetch threads, failing before and after their run
+
+
+_AXPY = """// copy {n}
+struct Params {{ alpha: f32, count: u32 }}
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x;
+    if (i < params.count) {{ y[i] = params.alpha * x[i] + y[i]; }}
+}}
+"""
+
+
+def test_named_calls_admitted_on_fetch_threads_give_every_share_back(tmp_path, rng):
+    """24 fresh kernels, each first met by four calls at once (so each is
+    admitted on a fetch thread, then queued without the reader's poll):
+    a good call, one with an unknown constant (refused before its share),
+    one missing a buffer (refused after it) and one past the port's byte
+    budget (512 KiB here; refused at take). Values right, no internal, every share back."""
+    for n in range(24):
+        (tmp_path / f"axpy_{n}.wgsl").write_text(_AXPY.format(n=n))
+    env = {"KEM_KERNEL_DIR": str(tmp_path), "KEM_CACHE_DIR": str(tmp_path / "cache"), "KEM_QUEUE_BYTES": str(512 << 10)}
+    with start_port(**env) as port:
+        checks, reasons = [], []
+        for n in range(24):
+            kernel = f"axpy_{n}".encode()
+            count = int(rng.choice([1, 64, 1000]))
+            alpha = np.float32(rng.standard_normal())
+            x, y = rng.standard_normal(count).astype(np.float32), rng.standard_normal(count).astype(np.float32)
+            params = np.array([alpha], np.float32).tobytes() + np.array([count], np.uint32).tobytes()
+            buffers = {b"params": params, b"x": x.tobytes(), b"y": y.tobytes()}
+            grid = {"grid": (count, 1, 1)}
+            checks.append(((x, y, alpha), port.call_async("run", kernel, buffers, grid)))
+            checks.append((None, port.call_async("run", kernel, buffers, {**grid, "constants": {"nope": 1}})))
+            checks.append((None, port.call_async("run", kernel, {b"params": params, b"y": y.tobytes()}, grid)))
+            checks.append((None, port.call_async("run", kernel, {**buffers, b"x": bytes(1 << 20)}, grid)))
+        for want, fut in checks:
+            if want is None:
+                with pytest.raises(PortError) as err:
+                    fut.result(120)
+                assert err.value.reason != "internal", err.value
+                reasons.append(err.value.reason)
+                continue
+            x, y, alpha = want
+            got = fut.result(120)[terms.Binary(b"y")]
+            np.testing.assert_allclose(np.frombuffer(terms.binary_bytes(got), np.float32), alpha * x + y, rtol=1e-6, atol=1e-6)
+        stats = port.call_plain("stats")
+        assert (stats["held_calls"], stats["held_bytes"]) == (0, 0)
+        assert reasons.count("overloaded") == 24, reasons
