@@ -10,7 +10,8 @@
 
 red_team5_test_() ->
     {setup, fun start/0, fun stop/1,
-     [{timeout, 120, fun many_callers_each_get_their_own_binary/0}]}.
+     [{timeout, 120, fun many_callers_each_get_their_own_binary/0},
+      {timeout, 60, fun a_string_key_is_said_to_be_one/0}]}.
 
 start() ->
     Dir = filename:join(kem_test_app:repo_root(), "tests/session_kernels"),
@@ -67,3 +68,12 @@ round(I, Round, S, Acc) ->
 
 same(Got, Want, _What) when Got =:= Want -> ok;
 same(Got, Want, What) -> {wrong, What, byte_size(Got), byte_size(Want)}.
+
+%% "kernel" in double quotes is an Erlang string: the port says so, where it
+%% answered "unknown step key 'kernel'; known: kernel, ..." (terms.unknown_key).
+a_string_key_is_said_to_be_one() ->
+    {error, {bad_args, #{step := 1, detail := Detail}}} = kem:chain([#{"kernel" => <<"double">>}], #{input => <<7:32>>}),
+    ?assertEqual(<<"step key 'kernel' is a string; keys are atoms: kernel => ...">>, Detail),
+    {error, {bad_args, Binary}} = kem:chain([#{kernel => <<"double">>}], #{<<"input">> => <<7:32>>}),
+    ?assertEqual(<<"chain option key 'input' is a binary; keys are atoms: input => ...">>, Binary),
+    ?assertEqual({ok, <<14:32/little>>}, kem:chain([#{kernel => <<"double">>}], #{input => <<7:32/little>>})).
