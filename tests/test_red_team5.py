@@ -228,6 +228,17 @@ def test_binary_results_reach_every_req_id_form(port, rng, req_id):
             for form in _req_id_forms(req_id):
                 got = port.call_raw_frame(_with_req_id(frame, form), [req_id])[0].result(30)
                 assert got == want, (method, form)
+        # and in one calls frame (replies frames back): ReqIds near this one, each form in turn
+        ids, frames, wants = [], [], []
+        for j in range(40):
+            near = req_id - j if req_id >= j else req_id + j
+            (method, args), want = asks[j % len(asks)]
+            forms = _req_id_forms(near)
+            frames.append(_with_req_id(erlang.term_to_binary((A("call"), 0, method, args)), forms[j % len(forms)]))
+            ids.append(near)
+            wants.append(want)
+        for want, fut in zip(wants, port.call_raw_batch(frames, ids)):
+            assert fut.result(30) == want
         assert not port.unmatched
     finally:
         session.close()
