@@ -414,3 +414,34 @@ def test_named_calls_admitted_on_fetch_threads_give_every_share_back(tmp_path, r
         stats = port.call_plain("stats")
         assert (stats["held_calls"], stats["held_bytes"]) == (0, 0)
         assert reasons.count("overloaded") == 24, reasons
+
+
+# -- 6. a kernel's own names in refusals: bounded -------------------------------
+
+
+def _many(kind: str, n: int) -> str:
+    """A kernel (y = x + 1) declaring n overrides (with or without a default) or n extra entry points."""
+    decls = {"defaults": "override o{i}: u32 = {i}u;\n", "no_defaults": "override m{i}: u32;\n",
+             "entries": "@compute @workgroup_size(1) fn e{i}() {{}}\n"}[kind]
+    return ("".join(decls.format(i=i) for i in range(n)) + "@group(0) @binding(0) var<storage, read> x: array<u32>;\n"
+            "@group(0) @binding(1) var<storage, read_write> y: array<u32>;\n"
+            "@compute @workgroup_size(1) fn main() { y[0] = x[0] + 1u; }\n")
+
+
+@pytest.mark.parametrize("kind, opts", [
+    ("defaults", {"output_size": 4, "constants": {"nope": 1}}),  # names the overrides it has
+    ("no_defaults", {"output_size": 4, "constants": {"m0": 1}}),  # names those without a default
+    ("entries", {"output_size": 4, "entry_point": "nope"}),  # names the entry points
+])
+def test_a_refusal_naming_a_kernels_declarations_stays_short(tmp_path, kind, opts):
+    """A kernel (anyone's) may declare thousands of overrides or entry
+    points within admission's 200k syntax nodes (15k overrides admitted):
+    a refusal listing them all was 109 KB. Listed to 16, then counted."""
+    (tmp_path / "many.wgsl").write_text(_many(kind, 2000))
+    with start_port(KEM_KERNEL_DIR=str(tmp_path), KEM_CACHE_DIR=str(tmp_path / "cache")) as port:
+        with pytest.raises(PortError) as err:
+            port.call("execute", b"many", (41).to_bytes(4, "little"), opts, timeout=60)
+        assert err.value.reason in ("bad_args", "bad_kernel") and len(err.value.detail) < 400, err.value.detail[:300]
+        assert "more" in err.value.detail
+        if kind == "defaults":  # the kernel itself is fine
+            assert port.call("execute", b"many", (41).to_bytes(4, "little"), {"output_size": 4}) == (42).to_bytes(4, "little")

@@ -63,7 +63,7 @@ def resolved(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | No
     for name, value in given or ():
         override = by_name.get(name) or by_id.get(name)
         if override is None:
-            known = ", ".join(o.name for o in shape.overrides) or "none"
+            known = ", ".join(o.name for o in shape.overrides[:16]) + (f", and {len(shape.overrides) - 16} more" if len(shape.overrides) > 16 else "") or "none"  # a kernel may declare ~15k: a 109 KB reply
             raise bad_args(f"constants: the kernel declares no override {name!r} (its overrides: {known})")
         _check_value(override, value)
         if override.name in values:  # its name and its @id's digits: one value was kept, unsaid (red team)
@@ -71,7 +71,7 @@ def resolved(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | No
         values[override.name] = value
     missing = [o.name for o in shape.overrides if not o.has_default and o.name not in values]
     if missing:
-        raise bad_args(f"constants: override {', '.join(missing)} has no default; pass constants => #{{{missing[0]} => Value}}")
+        raise bad_args(f"constants: override {', '.join(missing[:16])}{f' and {len(missing) - 16} more' if len(missing) > 16 else ''} has no default; pass constants => #{{{missing[0]} => Value}}")
     for o in shape.overrides:
         if o.name not in values and o.default is not None:
             values[o.name] = o.default
