@@ -362,6 +362,34 @@ def test_gathered_chains_past_a_replies_frames_bytes_each_get_their_own(port, rn
     assert port.call("stats").get(A("chain_batches"), 0) > batches
 
 
+def test_a_plain_kernels_shape_evicted_while_its_pipeline_stays_still_checks_params(monkeypatch, request):
+    """The same for kem@1.0's Pipelines (its shapes' bound 4 here, its
+    pipelines' 256): short params refused after the eviction, whole ones
+    served by the pipeline kept."""
+    from kem_port.gpu import pipelines as pl_mod
+    from kem_port.gpu.calls import KernelCall
+    from kem_port.gpu.device import Device
+    from kem_port.kernel_store import source_from_bytes
+    from kem_port.stats import Stats
+
+    monkeypatch.setattr(pl_mod, "SHAPES", 4)
+    stats = Stats()
+    device = Device(Config(), stats)
+    device.open()
+    request.addfinalizer(device.close)
+    gpu, pipes = device.require(), pl_mod.Pipelines(stats)
+    sources = [source_from_bytes(f"q{n}", _PARAMS_KERNEL.format(n=n).encode(), "test", "local") for n in range(12)]
+    call = lambda s, params: KernelCall(s.kernel_id, bytes(16), 16, params)  # noqa: E731
+    kept_one = pipes.get(gpu, sources[0], call(sources[0], bytes(8)))
+    for other in sources[1:]:
+        pipes.get(gpu, other, call(other, bytes(8)))
+    assert sources[0].sha256 not in pipes._shapes and len(pipes._shapes) <= 4
+    with pytest.raises(KemError) as err:
+        pipes.get(gpu, sources[0], call(sources[0], bytes(4)))
+    assert err.value.reason == "bad_args" and "8 bytes" in err.value.detail
+    assert pipes.get(gpu, sources[0], call(sources[0], bytes(8))) is kept_one
+
+
 # -- 5. named calls admitted on fetch threads, failing before and after their run
 
 
