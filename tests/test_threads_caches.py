@@ -91,28 +91,44 @@ def test_kernel_shapes_filled_from_many_threads_at_once(port_switch_interval):
 
 def test_kept_caches_stay_bounded_and_right_under_many_threads(port_switch_interval):
     """gpu/kept.py, which every shape cache and NamedRuns' reached-names
-    cache now fill through: 8 threads over keys that overlap, a small bound
-    passed all the time; each gets its own key's value, never an error."""
-    from collections import OrderedDict
+    cache fill through: 8 threads over keys that overlap, both bounds (a
+    count, and costs summed) passed all the time; each gets its own key's
+    value, never an error, and the costs kept add up."""
+    from kem_port.gpu.kept import Kept
 
-    from kem_port.gpu.kept import kept
-
-    cache: OrderedDict = OrderedDict()
+    cache: Kept = Kept(16, budget=100)
     failures: list[str] = []
 
     def caller(thread: int) -> None:
         try:
             for i in range(5000):
                 key = (i * 7 + thread) % 300  # threads share keys
-                if kept(cache, key, lambda k=key: ("shape", k), 16) != ("shape", key):
+                if cache.get(key, lambda k=key: ("shape", k), cost=key % 13) != ("shape", key):
                     failures.append(f"wrong value for {key}")
         except Exception as exc:
             failures.append(f"{type(exc).__name__}: {exc}")
 
     _all_at_once(caller)
     assert failures == []
-    assert len(cache) <= 16
+    assert len(cache) <= 16 and cache.cost <= 100
+    assert cache.cost == sum(cost for _, cost in cache._items.values())
     made: list[int] = []
     for _ in range(3):  # None is kept too, not made again
-        assert kept(cache, "none", lambda: made.append(1), 16) is None
+        assert cache.get("none", lambda: made.append(1)) is None
     assert made == [1]
+
+
+def test_a_shape_over_the_byte_budget_is_kept_alone_and_the_budget_holds():
+    """Red team 5: a 540 KB kernel of 20,000 overrides reflects to 8.6 MB, so
+    1,024 shapes by count alone could reach ~9 GB. The texts' bytes bound
+    the cache too; one text over the whole budget is kept alone."""
+    from kem_port.gpu.kept import Kept
+
+    cache: Kept = Kept(1024, budget=1000)
+    for key in range(50):
+        cache.get(key, lambda: object(), cost=100)
+    assert len(cache) == 10 and cache.cost == 1000
+    assert cache.get("huge", lambda: "big", cost=5000) == "big"
+    assert len(cache) == 1 and cache.cost == 5000
+    cache.get("small", lambda: "s", cost=10)
+    assert len(cache) == 1 and cache.cost == 10  # the huge one goes first

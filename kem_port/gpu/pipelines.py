@@ -18,7 +18,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu import contract
-from kem_port.gpu.kept import SHAPES, kept
+from kem_port.gpu.kept import SHAPE_TEXT_BYTES, SHAPES, Kept
 from kem_port.gpu.calls import KernelCall
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.group.slot_dispatch import SlotForms
@@ -73,7 +73,7 @@ class Pipelines:
     def __init__(self, stats: Stats, slot_dispatch: bool = True) -> None:
         self.stats = stats
         self._cache: OrderedDict[tuple, Pipeline] = OrderedDict()
-        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()
+        self._shapes: Kept[KernelShape] = Kept(SHAPES, SHAPE_TEXT_BYTES)
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._slot_lists: OrderedDict[tuple, list[wgpu.GPUBindGroup]] = OrderedDict()
         self.slots = SlotForms(slot_dispatch)  # group jobs of plain kernels as one dispatch
@@ -93,7 +93,7 @@ class Pipelines:
         return _key(source, call) in self._cache
 
     def _shape(self, source: KernelSource) -> KernelShape:
-        return kept(self._shapes, source.sha256, lambda: kernel_shape(source.text), SHAPES)
+        return self._shapes.get(source.sha256, lambda: kernel_shape(source.text), len(source.text))
 
     def get(self, device: wgpu.GPUDevice, source: KernelSource, call: KernelCall) -> Pipeline:
         key = _key(source, call)

@@ -28,7 +28,7 @@ from kem_port.gpu.named.named_batch import run_together, staging_bytes
 from kem_port.gpu.named.named_kit import NamedKit
 from kem_port.gpu.named.named_kits import KIT_BYTES, NamedKits
 from kem_port.gpu.native import NativePath
-from kem_port.gpu.kept import kept
+from kem_port.gpu.kept import SHAPE_TEXT_BYTES, Kept
 from kem_port.gpu.named.named_pipelines import PIPELINES, NamedPipelines
 from kem_port.gpu.named.named_plan import PLANS, NamedPlan, given_keys, signature
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
@@ -50,10 +50,10 @@ class NamedRuns:
         self.gpu, self.stats = gpu, stats
         self._device: wgpu.GPUDevice | None = None
         self._pipelines = NamedPipelines(stats)  # per kernel, entry point and constants set (named_pipelines.py)
-        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()  # filled by the reader, fetch and GPU threads (kept.py)
+        self._shapes: Kept[KernelShape] = Kept(PIPELINES, SHAPE_TEXT_BYTES)  # filled by the reader, fetch and GPU threads
         self._kits = NamedKits()  # per call shape, and replicas for batches (named_kits.py)
         self._plans: OrderedDict[tuple, NamedPlan] = OrderedDict()  # per call signature (named_plan.py)
-        self._uses: OrderedDict[tuple, set[str] | None] = OrderedDict()  # per (kernel, entry point): the names its code reaches
+        self._uses: Kept[set[str] | None] = Kept(PIPELINES)  # per (kernel, entry point): the names its code reaches
 
     def run(self, source: KernelSource, call: NamedCall) -> NamedOutputs:
         """The call's returned buffers by WGSL name, with its gas (.gas).
@@ -216,11 +216,11 @@ class NamedRuns:
 
     def _used(self, source: KernelSource, entry: str) -> set[str] | None:
         """The names entry's code reaches (wgsl_calls.used_names), once per kernel and entry point."""
-        return kept(self._uses, (source.sha256, entry), lambda: used_names(source.text, entry), PIPELINES)
+        return self._uses.get((source.sha256, entry), lambda: used_names(source.text, entry))
 
     def _shape(self, source: KernelSource) -> KernelShape:
         # The kernel's own bindings, whether the text is as written or its admitted gas form.
-        return kept(self._shapes, source.sha256, lambda: named_gas.kernel_shape(reflect(source.text)), PIPELINES)
+        return self._shapes.get(source.sha256, lambda: named_gas.kernel_shape(reflect(source.text)), len(source.text))
 
     def _dispatch(self, plan: NamedPlan, datas: list[bytes | None], key: tuple) -> tuple[dict[str, bytes], tuple | None]:
         kit = plan.kit

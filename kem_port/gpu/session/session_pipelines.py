@@ -24,7 +24,7 @@ import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu import contract, gas_meter
-from kem_port.gpu.kept import SHAPES, kept
+from kem_port.gpu.kept import SHAPE_TEXT_BYTES, SHAPES, Kept
 from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
 from kem_port.gpu.session import session_contract
 from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
@@ -54,13 +54,13 @@ class SessionPipelines:
         self.stats = stats
         self._device: wgpu.GPUDevice | None = None
         self._cache: OrderedDict[tuple, SessionPipeline] = OrderedDict()
-        self._shapes: OrderedDict[str, KernelShape] = OrderedDict()
+        self._shapes: Kept[KernelShape] = Kept(SHAPES, SHAPE_TEXT_BYTES)
         self._bind_groups: OrderedDict[tuple, wgpu.GPUBindGroup] = OrderedDict()
         self._serial = 0
 
     def _shape(self, source: KernelSource, text: str | None = None) -> KernelShape:
         """The kernel's own shape, by its text (`text`: its gas form, when the caller has made it)."""
-        return kept(self._shapes, source.sha256, lambda: own_shape(text if text is not None else gas_text(source)[0]), SHAPES)
+        return self._shapes.get(source.sha256, lambda: own_shape(text if text is not None else gas_text(source)[0]), len(source.text))
 
     def has(self, source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None = None) -> bool:
         return _key(source, entry_point, params, constants) in self._cache
