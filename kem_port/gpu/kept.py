@@ -16,10 +16,13 @@ _MISSING = object()  # None is a value kept too (used_names' "cannot tell")
 # its bytes: a 540 KB kernel of 20,000 overrides (admission takes it, under
 # its 200k syntax nodes) reflects to 8.6 MB (tracemalloc, red team 5), so a
 # count alone let 1,024 such shapes reach ~9 GB. Bounded by both: 1,024
-# texts, and 8 MiB of text (~130 MB of shapes) a cache; a typical kernel's
-# 1-10 KB keeps the count the bound that bites.
+# texts, and 16 MiB of text (~260 MB of shapes) a cache; a typical kernel's
+# 1-10 KB keeps the count the bound that bites. Not lower: an evicted shape
+# is reflected again when its cached pipeline's params are checked, 0.5 s
+# for that 529 KB text on the dev machine, so ~30 such kernels fit before
+# their calls start paying it.
 SHAPES = 1024
-SHAPE_TEXT_BYTES = 8 << 20
+SHAPE_TEXT_BYTES = 16 << 20
 
 
 class Kept(Generic[T]):
