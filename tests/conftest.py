@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,35 @@ def kernel_dir(tmp_path):
 
 def start_port(**env: str) -> PortClient:
     return PortClient({"KEM_TEST_HOOKS": "1", **env})
+
+
+# The session and chain tests' kernels (accumulate, copy_words, ...).
+SESSION_KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
+
+
+def session_port() -> PortClient:
+    """A port whose kernel directory is tests/session_kernels."""
+    return start_port(KEM_KERNEL_DIR=SESSION_KERNELS)
+
+
+@contextmanager
+def playground_server() -> Iterator:
+    """A playground on 127.0.0.1 (a free port), serving until the block ends."""
+    import threading
+
+    from kem_port.playground.bench import Bench
+    from kem_port.playground.server import PlaygroundServer
+
+    bench = Bench()
+    srv = PlaygroundServer("127.0.0.1", 0, bench)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        bench.close()
 
 
 # -- running in parallel (pytest-xdist; docs/testing.md) ----------------------

@@ -5,22 +5,20 @@ bytes, through the real port on the real adapter."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import start_port
+from conftest import session_port
 
 from kem_port.client import PortError
 from kem_port.wire import terms
 
-KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
 TEN = [{"kernel": "double"}] * 10
 
 
 @pytest.fixture(scope="module")
 def port():
-    with start_port(KEM_KERNEL_DIR=KERNELS) as client:
+    with session_port() as client:
         yield client
 
 

@@ -10,13 +10,12 @@ import socket
 from urllib.parse import urlsplit
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kem_port.playground.bench import Bench
+from conftest import playground_server
 from kem_port.playground.server import MAX_BODY, PlaygroundServer
 from kem_port.errors import KemError
 
@@ -45,14 +44,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @pytest.fixture(scope="module")
 def server():
-    bench = Bench()
-    srv = PlaygroundServer("127.0.0.1", 0, bench)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    bench.close()
+    with playground_server() as srv:
+        yield srv
 
 
 def request(server, method: str, path: str, body=None, headers: dict | None = None) -> tuple[int, dict]:

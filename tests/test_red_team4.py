@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import start_port
+from conftest import playground_server, session_port
 
 from kem_port.client import PortError
-from kem_port.playground.bench import Bench
-from kem_port.playground.server import PlaygroundServer
 from kem_port.wire import terms
 
-KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
 TEN = [{"kernel": "double"}] * 10
 UNDEF = terms.atom("undefined")
 
 
 @pytest.fixture(scope="module")
 def port():
-    with start_port(KEM_KERNEL_DIR=KERNELS) as client:
+    with session_port() as client:
         yield client
 
 
@@ -133,14 +128,8 @@ def test_gathered_chains_mixed_usage_returns_and_errors_each_get_their_own(port,
 
 @pytest.fixture(scope="module")
 def playground():
-    bench = Bench()
-    srv = PlaygroundServer("127.0.0.1", 0, bench)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    bench.close()
+    with playground_server() as srv:
+        yield srv
 
 
 def _ask(server, path: str, headers: list[tuple[str, str]]) -> int:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import random
 import struct
 import time
-from pathlib import Path
 
 import erlang
 import numpy as np
 import pytest
-from conftest import start_port
+from conftest import session_port, start_port
 
 from kem_port.client import PortError
 from kem_port.config import Config
@@ -30,14 +29,13 @@ from kem_port.wire import terms
 from kem_port.wire.etf_guard import check_frame
 from kem_port.wire.narrow_decode import decode_hot
 
-KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
 UNDEF = terms.atom("undefined")
 A, B = terms.atom, terms.Binary
 
 
 @pytest.fixture(scope="module")
 def port():
-    with start_port(KEM_KERNEL_DIR=KERNELS) as client:
+    with session_port() as client:
         yield client
 
 

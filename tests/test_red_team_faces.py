@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from conftest import playground_server
 from kem_port.port import runtime_dir
 
 NOBODY = 65534  # another user's uid, for files this (root) test plants as them
@@ -148,19 +149,8 @@ def _ask_with_stderr(sock, err, request):
 
 @pytest.fixture(scope="module")
 def playground():
-    import threading
-
-    from kem_port.playground.bench import Bench
-    from kem_port.playground.server import PlaygroundServer
-
-    bench = Bench()
-    srv = PlaygroundServer("127.0.0.1", 0, bench)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    bench.close()
+    with playground_server() as srv:
+        yield srv
 
 
 def _raw(server, head: str, body: bytes = b"", timeout: float = 60) -> tuple[int | None, dict | None]:
@@ -399,7 +389,6 @@ def test_another_user_is_not_served_by_my_warm_process(tmp_path):
     request with its three fds gets the connection closed, no answer, and
     nothing is run (its -o file is never written)."""
     import json
-    import socket
     import subprocess
     import sys
     from pathlib import Path
