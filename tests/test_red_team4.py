@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 from conftest import playground_server, session_port
+from test_chain_batch import TEN, _bytes
 
 from kem_port.client import PortError
 from kem_port.wire import terms
 
-TEN = [{"kernel": "double"}] * 10
 UNDEF = terms.atom("undefined")
 
 
@@ -21,10 +21,6 @@ UNDEF = terms.atom("undefined")
 def port():
     with session_port() as client:
         yield client
-
-
-def _bytes(value) -> bytes:
-    return value if isinstance(value, bytes) else terms.binary_bytes(value)
 
 
 def _u32(value) -> np.ndarray:
