@@ -26,6 +26,14 @@ def too_large(detail: str) -> KemError:
     return KemError("too_large", detail)
 
 
+def first_names(names: list[str], shown: int = 16) -> str:
+    """Names for a refusal: the first `shown`, then how many more. A kernel
+    admission takes may declare ~15k overrides or 2,000 entry points, and a
+    reply that listed them all was 109 KB (red team 5)."""
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def internal() -> KemError:
     """An unexpected failure, logged where it happened: the caller hears no internals."""
     return KemError("internal", "internal error (details in the node's log)")

@@ -24,7 +24,7 @@ import re
 from dataclasses import replace
 from functools import lru_cache
 
-from kem_port.errors import bad_args
+from kem_port.errors import bad_args, first_names
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, Override, parse_int_literal
 
 INTEGER_RANGES = {"u32": (0, 2**32 - 1), "i32": (-(2**31), 2**31 - 1)}
@@ -63,7 +63,7 @@ def resolved(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | No
     for name, value in given or ():
         override = by_name.get(name) or by_id.get(name)
         if override is None:
-            known = ", ".join(o.name for o in shape.overrides[:16]) + (f", and {len(shape.overrides) - 16} more" if len(shape.overrides) > 16 else "") or "none"  # a kernel may declare ~15k: a 109 KB reply
+            known = first_names([o.name for o in shape.overrides]) or "none"
             raise bad_args(f"constants: the kernel declares no override {name!r} (its overrides: {known})")
         _check_value(override, value)
         if override.name in values:  # its name and its @id's digits: one value was kept, unsaid (red team)
@@ -71,7 +71,7 @@ def resolved(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | No
         values[override.name] = value
     missing = [o.name for o in shape.overrides if not o.has_default and o.name not in values]
     if missing:
-        raise bad_args(f"constants: override {', '.join(missing[:16])}{f' and {len(missing) - 16} more' if len(missing) > 16 else ''} has no default; pass constants => #{{{missing[0]} => Value}}")
+        raise bad_args(f"constants: override {first_names(missing)} has no default; pass constants => #{{{missing[0]} => Value}}")
     for o in shape.overrides:
         if o.name not in values and o.default is not None:
             values[o.name] = o.default

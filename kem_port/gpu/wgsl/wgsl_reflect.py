@@ -16,6 +16,7 @@ from functools import lru_cache
 import tree_sitter_wgsl_bevy
 from tree_sitter import Language, Node, Parser
 
+from kem_port.errors import first_names
 from kem_port.gpu.wgsl.wgsl_layout import UniformSizes
 from kem_port.gpu.wgsl.wgsl_workgroup import module_consts, workgroup_vars
 
@@ -74,10 +75,9 @@ class KernelShape:
     const_inits: tuple[tuple[str, str], ...] = ()  # (name, initializer text) of module consts, where a workgroup size is not literal
 
     def compute_entries(self) -> str:
-        """The @compute entry points' names, for an error that lists them (plain functions are not entry points):
-        16, then counted (admission lets a kernel declare thousands: the list alone was 13 KB for 2,000)."""
-        names = [e.name for e in self.entry_points.values() if e.stage == "compute"]
-        return ", ".join(names[:16]) + (f", and {len(names) - 16} more" if len(names) > 16 else "") or "none"
+        """The @compute entry points' names, for an error that lists them (plain functions are not
+        entry points), 16 then counted: 2,000 of them were a 13 KB list."""
+        return first_names([e.name for e in self.entry_points.values() if e.stage == "compute"]) or "none"
 
     def binding(self, group: int, index: int) -> Binding | None:
         for b in self.bindings:
