@@ -260,3 +260,33 @@ def test_a_named_call_that_fails_before_it_runs_gives_its_share_back(tmp_path, r
     assert ok == terms.atom("ok")
     np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32), np.float32(3.0) * x + y, rtol=1e-6)
     assert reader.held() == {"held_calls": 0, "held_bytes": 0}
+
+
+def test_a_named_call_gives_its_share_back_before_its_reply_is_written(tmp_path, rng, monkeypatch):
+    """A caller holding its answer must never see its share still held: CI
+    read ``held_calls`` 1 from a stats call sent right after the last named
+    reply, because the GPU thread wrote replies and then gave shares back.
+    Every reply write here records the budget at that moment."""
+    (tmp_path / "axpy.wgsl").write_text(AXPY)
+    reader = Reader(Config(kernel_dir=tmp_path, cache_dir=tmp_path / "cache"))
+    replies, seen = reader.router.replies, []
+    real_write = replies.write  # a named reply's road (run_methods._answer), bound once by Replies
+
+    def recording(frames):
+        seen.append(reader.held())
+        return real_write(frames)
+
+    monkeypatch.setattr(replies, "write", recording)
+    for n in (1, 64, 1000):  # the first call is admitted on a fetch thread and queued: the GPU thread answers
+        x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        params = np.array([2.5], np.float32).tobytes() + np.array([n], np.uint32).tobytes()
+        req_id = reader.ids = reader.ids + 1
+        args = tuple(terms.to_term(a) for a in (b"axpy", {b"params": params, b"x": x.tobytes(), b"y": y.tobytes()},
+                                                {"grid": (n, 1, 1)}))
+        reader.send_frame(terms.encode((terms.atom("call"), req_id, terms.atom("run"), args, 60000)))
+        reader.handle_next()
+        tag, got_id, (ok, value) = reader.reply()
+        assert (tag, got_id, ok) == (terms.atom("reply"), req_id, terms.atom("ok")), value
+        np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32),
+                                   np.float32(2.5) * x + y, rtol=1e-6)
+    assert len(seen) == 3 and all(held == {"held_calls": 0, "held_bytes": 0} for held in seen), seen

@@ -102,13 +102,14 @@ class NamedRun:
     gather key: the loop takes them together and runs them in one
     submission (gather, gpu/named/named_batch.py)."""
 
-    __slots__ = ("request", "source", "replies", "budget", "queued", "tag", "gather_key")
+    __slots__ = ("request", "source", "replies", "budget", "queued", "tag", "gather_key", "given")
 
     def __init__(self, request: RunRequest, source: KernelSource, replies: Replies, budget: WorkBudget) -> None:
         self.request, self.source, self.replies, self.budget = request, source, replies, budget
         self.queued = time.perf_counter()
         self.tag = request.req_id  # call_state: queued or running (gpu_loop.state_of)
         self.gather_key = ("run", source.sha256, request.call.entry_point)
+        self.given = False
 
     def __call__(self, executor: Executor) -> None:
         NamedRun.gather(executor, [self])
@@ -116,12 +117,16 @@ class NamedRun:
     @staticmethod
     def gather(executor: Executor, runs: list[NamedRun]) -> None:
         """Answer each: a timeout for one whose deadline passed in the queue
-        (as gpu_loop expires execute's jobs), else its outputs or error."""
-        now, live = time.monotonic(), []
+        (as gpu_loop expires execute's jobs), else its outputs or error.
+        Shares go back before a reply is written, as execute's and group
+        calls' do: a caller that has its answer never sees its share held
+        (a stats call right after the last reply read one share held, in CI)."""
         try:
+            now, live = time.monotonic(), []
             for run in runs:
                 deadline = run.request.deadline
                 if deadline is not None and now > deadline:
+                    run.give_back()
                     waited = (time.perf_counter() - run.queued) * 1000
                     run.replies.error(run.request.req_id, KemError(
                         "timeout", f"waited {waited:.0f} ms in the port's queue; the call's deadline passed before the GPU started it"))
@@ -132,6 +137,8 @@ class NamedRun:
             except Exception:  # a bug must not leave a caller waiting
                 log.exception("named calls failed")
                 results = [internal()] * len(live)
+            for run in live:
+                run.give_back()
             # One writev for a batch's replies (a write each was 14% of a loaded
             # port's samples at 64 callers, lavapipe, py-spy); a lone call's goes
             # straight out (the context cost it ~4% of its port time, H100).
@@ -144,7 +151,13 @@ class NamedRun:
                         run.replies.answering(req_id, lambda: _answer(run.replies, req_id, result, run.request.usage))
         finally:
             for run in runs:
-                run.budget.give(run.request.call.batch_bytes)
+                run.give_back()
+
+    def give_back(self) -> None:
+        """The call's budget share, given back once."""
+        if not self.given:
+            self.given = True
+            self.budget.give(self.request.call.batch_bytes)
 
 
 def _answer(replies: Replies, req_id: int, outputs: NamedOutputs, usage: bool) -> None:
