@@ -235,6 +235,9 @@ class Stages:
         # One view of the whole mapped range (each read_mapped is a
         # native call); every caller's result is a slice of it.
         mapped_view = flight.hot.mapped(flight.staging, 0, flight.staging.size)
+        if flight.timing is not None:  # counted before any answer: a caller's next stats call sees its kernel's time
+            self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
+            self.stats.inc("gpu_kernel_samples", flight.calls)
         for item in flight.items:
             size = item.job.call.output_size
             if item.gas is not None and gas_meter.refused(mapped_view, item.job, item.gas):  # ran out: gas_exhausted
@@ -252,9 +255,6 @@ class Stages:
             else:
                 self.stats.inc("bytes_out", size)
                 item.job.answer(view)
-        if flight.timing is not None:
-            self.stats.add_time("gpu_kernel", flight.timing.read(mapped_view))
-            self.stats.inc("gpu_kernel_samples", flight.calls)
         flight.hot.unmap(flight.staging)
         return later
 
