@@ -182,7 +182,18 @@ shared_memory_files_removed_when_port_killed() ->
     Results = [receive {P, R} -> R after 20000 -> no_reply end || P <- Callers],
     ?assertEqual([], [R || R <- Results, R =:= no_reply]),
     ?assertEqual([], [R || {ok, Out} = R <- Results, Out =/= double_ref(Big, byte_size(Big))]),
-    ?assertEqual([], shm_files()),
+    %% A caller still writing its 32 MiB input when the kill came (a loaded
+    %% machine: a stress run saw it) is answered by the restarted port, and a
+    %% slot's files are kept after a call the port answered (kem_shm_slots):
+    %% then only slot files may remain, never a one-off file; with every
+    %% call lost to the kill, nothing.
+    Lost = [R || {error, {Reason, _}} = R <- Results, lists:member(Reason, [timeout, port_exited, port_restarted])],
+    {SlotFiles, Others} = lists:partition(fun(F) -> lists:prefix("slot", F) end, shm_files()),
+    ?assertEqual([], Others),
+    case length(Lost) =:= length(Results) of
+        true -> ?assertEqual({[], Results}, {SlotFiles, Results});
+        false -> ok
+    end,
     ?assertEqual(ok, kem_test_app:wait_for_service(5000)).
 
 stale_shared_memory_dirs_are_swept() ->
