@@ -1,6 +1,7 @@
 """Where a kernel uses its two bindings, and each use redirected into a
 call's slot (the half of gpu/slot_kernel.py's rewrite that reads the parse
-tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` indexes
+tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` read
+becomes ``kem_out_get(u32(e))``, written or its address taken indexes
 ``output[kem_out(u32(e))]``, ``arrayLength(&x)`` the call's own length.
 Anything else refuses the rewrite, and so does a use the WGSL lexer finds
 that the walk did not handle (the grammar reads some valid WGSL as ERROR).
@@ -72,8 +73,9 @@ def _top_level_comma(text: str) -> bool:
     return False
 
 
-def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits) -> int:
-    """Redirect every use of binding `name` into the slot; return how many."""
+def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, vector: bool = False) -> int:
+    """Redirect every use of binding `name` into the slot; return how many.
+    `vector`: the output's elements are vectors (see _component_written)."""
     handled = 0
     for node in walk(root):
         if node.type != "identifier" or node.text.decode() != name or node.start_byte == declared_at:
@@ -87,12 +89,18 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
         if brackets is None:
             raise Refused(f"{node.text.decode()} is used other than through [...] or arrayLength")
         open_, close = brackets
-        if is_input:
-            if _address_taken(node):
-                raise Refused("the input's address is taken")
-            edits.replace(node.start_byte, open_.end_byte, "kem_in_at(u32(")
+        if is_input and _address_taken(node):
+            raise Refused("the input's address is taken")
+        if is_input or (node.parent.type == "subscript_expression" and not _address_taken(node)):
+            # A read of the output past the call's output is zero, as a lone
+            # call's robust read: it would otherwise read the spare element,
+            # where the call's own stray writes land (grouped and lone
+            # results differed: red team 6).
+            edits.replace(node.start_byte, open_.end_byte, "kem_in_at(u32(" if is_input else "kem_out_get(u32(")
             edits.replace(close.start_byte, close.end_byte, "))")
         else:
+            if vector and _component_written(edits.data, node.start_byte, close.end_byte):
+                raise Refused("a component of an output vector is written by index")
             edits.replace(open_.end_byte, open_.end_byte, "kem_out(u32(")
             edits.replace(close.start_byte, close.start_byte, "))")
     return handled
@@ -134,3 +142,16 @@ def _address_taken(ident: Node) -> bool:
     return node is not None and node.type == "unary_expression" and node.child(0).type == "&"
 
 
+
+
+def _component_written(data: bytes, start: int, end: int) -> bool:
+    """Whether the output element ``data[start:end]`` (``name[e]``, written
+    or its address taken) may have a component written by a runtime index:
+    followed by ``[`` or inside parentheses, a pointer or ``*``. naga does
+    not bound a vector's component index in memory: ``output[e][j]`` with
+    j past 3 on a slot's spare element wrote into the next slot, another
+    caller's output (red team 6). A lone call is bound to its own range,
+    where such a write stays or is dropped; ``.x`` is checked statically."""
+    before = data[:start].rstrip()[-1:]
+    after = data[end:].lstrip()[:1]
+    return after == b"[" or before in (b"(", b"&", b"*")

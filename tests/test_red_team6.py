@@ -1,0 +1,163 @@
+"""Red team 6: strangers' calls gathered into one dispatch (the slot form of
+a group frame), attacked by hostile kernels through the real port, and the
+port's work budget read right after the last reply of every failure road.
+
+A grouped call must give what it gives alone and what numpy says for ITS
+OWN input: stray writes past its output are dropped, reads past its input
+or output are zero (robust access, docs/dispatch.md "the slot form")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import start_port
+
+HEAD = """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+"""
+
+# Invocation 0 writes past the output, then every invocation reads past it:
+# alone the read is zero; in the slot form it read the spare element where
+# that stray write had landed (the call's result changed when grouped).
+READ_PAST_OUTPUT = HEAD + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i == 0u) { dst[n + 3u] = src[0] | 1u; }
+    storageBarrier();
+    if (i < n) { dst[i] = src[i] ^ dst[n + 7u]; }
+}
+"""
+
+# The same through a compound assignment and a wrapped i32 index.
+COMPOUND_PAST = HEAD + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i >= n) { return; }
+    dst[u32(-1 - i32(i))] += src[i];
+    storageBarrier();
+    dst[i] = src[i] + dst[bitcast<u32>(i32(-1))];
+}
+"""
+
+# Writes past the output by every trick, through a helper function; reads
+# past the input by select- and wrap-computed indexes. (An index whose byte
+# offset passes 2**32 is left out: lavapipe's robust access wraps it, so
+# alone src[0x80000000 + i] read src[i], its own word; grouped it reads 0.)
+WRAPPING = HEAD + """
+fn put(j: u32, v: u32) { dst[j] = v; }
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let m = arrayLength(&src);
+    let i = gid.x;
+    if (i >= n) { return; }
+    let k = src[i % m];
+    put(n + (k % 1000u), 0xdeadu);
+    put(0xffffffffu - i, 0xbeefu);
+    dst[select(i, n + i, k % 2u == 0u)] = 0x5eedu;
+    let far = src[m + (k % 4096u)] + src[u32(i32(i) - 100000)] + src[select(i % m, m + 5000u + i, k % 3u == 0u)];
+    put(i, (k ^ 0x9e3779b9u) + far);
+}
+"""
+
+# Vector elements indexed by a runtime component past the vector.
+VEC_COMPONENT = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&dst)) { return; }
+    let v = src[i];
+    dst[i] = v ^ vec4<u32>(0x01010101u);
+    let j = 4u + (v.x % 1000u);
+    dst[i + arrayLength(&dst)][j] = 0xabcdu;
+    dst[i].w = dst[i].w + src[i + arrayLength(&src)][j];
+}
+"""
+
+# Components of the spare element (a slot's last) past 3 run on into the
+# NEXT slot: 4 * n of them reach that call's last output element, which it
+# leaves zero, past no canary. Before the fix every neighbour's last
+# element held the attacker's marks, silently.
+NEXT_SLOT = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&dst)) { return; }
+    let n = arrayLength(&dst);
+    if (i + 1u < n) { dst[i] = src[i] ^ vec4<u32>(0x01010101u); }
+    if (i < 4u) { dst[n][4u * n + i + src[0].x % 1u] = 0xabcd0000u | i; }
+}
+"""
+
+KERNELS = {"next_slot": NEXT_SLOT, "read_past_output": READ_PAST_OUTPUT, "compound_past": COMPOUND_PAST, "wrapping": WRAPPING, "vec_component": VEC_COMPONENT}
+
+
+def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
+    """numpy's answer for one call alone: past a binding, reads are zero
+    and writes are dropped."""
+    out = np.zeros(out_words, np.uint32)
+    n = min(len(x), out_words)
+    if name == "read_past_output":
+        out[:n] = x[:n]
+    elif name == "compound_past":
+        out[:n] = x[:n]
+    elif name == "wrapping":
+        k = x[np.arange(out_words) % len(x)]
+        far = np.where(k % 3 == 0, 0, x[np.arange(out_words) % len(x)]).astype(np.uint32)
+        out[:] = (k ^ np.uint32(0x9E3779B9)) + far
+    elif name == "next_slot":
+        out[: (len(x) // 4 - 1) * 4] = x[: (len(x) // 4 - 1) * 4] ^ np.uint32(0x01010101)
+    elif name == "vec_component":
+        out[:n] = x[:n] ^ np.uint32(0x01010101)
+    return out
+
+
+@pytest.fixture(scope="module")
+def red_port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("red6_kernels")
+    for name, text in KERNELS.items():
+        (kernels / f"{name}.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+        yield client
+
+
+def stat(port, key: str) -> int:
+    return port.call_plain("stats").get(key, 0)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_hostile_kernels_grouped_give_each_call_its_own_answer(red_port, rng, name):
+    """Groups of three input sizes sent at once (one batch, one slot
+    dispatch each), each call's secret-salted input: every result is numpy's
+    for its own input and equals the same call alone; no word of another
+    call's input or result appears in it."""
+    sizes = [(8, 12), (64, 9), (300, 17)] if "v" in name or "next" in name else [(5, 12), (64, 9), (300, 17)]
+    for words, _ in sizes:  # admitted before the groups: each group is one job
+        red_port.call("execute_kernel", name.encode(), np.zeros(words, np.uint32).tobytes(), 1)
+    before = stat(red_port, "slot_dispatches")
+    groups = []
+    for words, calls in sizes:
+        inputs = [rng.integers(1, 2**32, words, dtype=np.uint32) for _ in range(calls)]
+        groups.append((inputs, red_port.call_group_async(name.encode(), [x.tobytes() for x in inputs], hint=1, timeouts_ms=60000)))
+    every = [x for inputs, _ in groups for x in inputs]
+    for inputs, futures in groups:
+        for k, (x, fut) in enumerate(zip(inputs, futures)):
+            got = np.frombuffer(fut.result(60), np.uint32)
+            assert np.array_equal(got, expected(name, x, len(x))), (name, len(x), k)
+            others = np.concatenate([y for y in every if y is not x])
+            assert not np.isin(got[got > 0x10000], others).any()
+    # a component of an output vector written by index: one dispatch per call
+    slot_form = name not in ("vec_component", "next_slot")
+    assert stat(red_port, "slot_dispatches") - before == (len(sizes) if slot_form else 0)
+    alone = inputs[-1]
+    assert red_port.call("execute_kernel", name.encode(), alone.tobytes(), 1) == expected(name, alone, len(alone)).tobytes()
