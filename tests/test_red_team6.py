@@ -161,3 +161,118 @@ def test_hostile_kernels_grouped_give_each_call_its_own_answer(red_port, rng, na
     assert stat(red_port, "slot_dispatches") - before == (len(sizes) if slot_form else 0)
     alone = inputs[-1]
     assert red_port.call("execute_kernel", name.encode(), alone.tobytes(), 1) == expected(name, alone, len(alone)).tobytes()
+
+
+# -- 2. the budget right after the last reply of every failure road ---------
+
+from kem_port.client import PortError  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
+
+LOOPS = HEAD + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var s = gid.x;
+    for (var k = 0u; k < src[0]; k++) { s = s * 1664525u + 1013904223u; }
+    if (gid.x < arrayLength(&dst)) { dst[gid.x] = s; }
+}
+"""
+BROKEN = HEAD + "@compute @workgroup_size(64) fn main() { dst[0] = nope; }\n"
+DEBUG_HEAD = HEAD + """
+struct KemDebug { count: atomic<u32>, records: array<u32> }
+@group(0) @binding(15) var<storage, read_write> kem_debug: KemDebug;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= arrayLength(&dst)) { return; }
+    dst[i] = src[i] * 2u;
+    let r = atomicAdd(&kem_debug.count, 1u);
+    if (r < arrayLength(&kem_debug.records)) { kem_debug.records[r] = i; }
+}
+"""
+NAMED = """
+@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> y: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&y)) { y[gid.x] = x[gid.x] + 1u; }
+}
+"""
+
+
+def _words(n: int, first: int = 0) -> bytes:
+    return np.array([first] + [7] * (n - 1), np.uint32).tobytes()
+
+
+def _roads(rng) -> list[tuple[str, tuple, dict, str | None]]:
+    """(method, args, call_async options, the reason it must fail with; None: succeeds)."""
+    opts = lambda **kw: {terms.atom(k): v for k, v in kw.items()}  # noqa: E731
+    good = rng.integers(0, 2**31, 16, dtype=np.uint32).tobytes()
+    return [
+        ("execute_kernel", (b"no_such_kernel", good, 1), {}, "kernel_not_found"),
+        ("execute_kernel", (b"broken", good, 1), {}, None),  # shader_error or bad_kernel, from admission
+        ("execute_kernel", (b"double", good, 1 << 30), {}, None),  # an output past the limits
+        ("execute", (b"loops", _words(64, 60000), opts(output_size=256, gas_limit=1000)), {}, "gas_exhausted"),
+        ("execute", (b"debugged", good, opts(debug=True)), {}, "ok"),
+        ("execute", (b"double", good, opts(debug=True)), {}, "ok"),  # no channel: no records
+        ("run", (b"named", {b"x": good}, {"grid": (16, 1, 1)}), {}, None),  # a missing buffer
+        ("run", (b"named", {b"x": good, b"y": good}, {"grid": (16, 1, 1), "constants": {"nope": 1}}), {}, None),
+        ("run", (b"named", {b"x": good, b"y": good}, {"grid": (1 << 30, 1, 1)}), {}, None),  # a grid past the limits
+    ]
+
+
+@pytest.fixture(scope="module")
+def budget_port(tmp_path_factory):
+    kernels = tmp_path_factory.mktemp("red6_budget")
+    for name, text in {"loops": LOOPS, "broken": BROKEN, "debugged": DEBUG_HEAD, "named": NAMED}.items():
+        (kernels / f"{name}.wgsl").write_text(text)
+    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+        yield client
+
+
+def held(port) -> tuple[int, int]:
+    stats = port.call_plain("stats")
+    return stats["held_calls"], stats["held_bytes"]
+
+
+def test_every_failure_road_gives_its_share_back_before_its_reply(budget_port, rng):
+    """Each road in turn, five rounds: the stats request is sent only once
+    the call's reply is in, with no sleep, and must read (0, 0): a share
+    given back after the reply is written can be read as held."""
+    for _ in range(5):
+        for method, args, kw, reason in _roads(rng):
+            fut = budget_port.call_async(method, *args, **kw)
+            try:
+                fut.result(60)
+                got = "ok"
+            except PortError as err:
+                got = err.reason
+                assert got != "internal", err
+            if reason is not None:
+                assert got == reason, (method, args[0], got)
+            else:
+                assert got != "ok", (method, args[0])
+            assert held(budget_port) == (0, 0), (method, args[0], got)
+
+
+def test_timeouts_and_group_members_give_their_shares_back(budget_port, rng):
+    """Calls that expire while queued behind a slow kernel (TimeoutMs 1),
+    and a group frame where some members expire and the rest are answered:
+    (0, 0) right after the last reply."""
+    for _ in range(2):
+        slow = budget_port.call_async("execute", b"loops", _words(64 * 32, 60000), {terms.atom("output_size"): 4 * 64 * 32})
+        late = [budget_port.call_async("execute_kernel", b"double", _words(16, 3), 1, timeout_ms=1) for _ in range(4)]
+        inputs = [rng.integers(0, 2**31, 16, dtype=np.uint32) for _ in range(8)]
+        group = budget_port.call_group_async(b"double", [x.tobytes() for x in inputs], hint=1,
+                                             timeouts_ms=[1, 60000] * 4)
+        reasons = []
+        for fut in late + group + [slow]:
+            try:
+                fut.result(60)
+                reasons.append("ok")
+            except PortError as err:
+                reasons.append(err.reason)
+        assert held(budget_port) == (0, 0), reasons
+        assert set(reasons) <= {"ok", "timeout"} and "timeout" in reasons[:12], reasons
+        for x, fut, r in zip(inputs, group, reasons[4:12]):
+            if r == "ok":
+                assert fut.result() == (x * np.uint32(2)).tobytes()
