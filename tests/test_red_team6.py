@@ -99,7 +99,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-KERNELS = {"next_slot": NEXT_SLOT, "read_past_output": READ_PAST_OUTPUT, "compound_past": COMPOUND_PAST, "wrapping": WRAPPING, "vec_component": VEC_COMPONENT}
+# Atomics past the output land on the slot's spare element, where the
+# call's own stray atomics add up: alone an atomic there reads zero, so a
+# kernel that uses one's result keeps one dispatch per call ...
+ATOMIC_READ_PAST = """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i >= n) { return; }
+    let w = src[i] | 1u;
+    atomicAdd(&dst[n + 100u], w);
+    storageBarrier();
+    atomicMax(&dst[i], atomicLoad(&dst[n + 100u]));
+}
+"""
+# ... and one whose atomics are statements keeps the slot form.
+ATOMIC_COUNTS = """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    if (gid.x >= n) { return; }
+    let w = src[gid.x] % (n + 8u);
+    atomicAdd(&dst[w], 1u);
+    atomicAdd(&dst[0xffffffffu - w], 5u);
+}
+"""
+
+KERNELS = {"atomic_read_past": ATOMIC_READ_PAST, "atomic_counts": ATOMIC_COUNTS, "next_slot": NEXT_SLOT, "read_past_output": READ_PAST_OUTPUT, "compound_past": COMPOUND_PAST, "wrapping": WRAPPING, "vec_component": VEC_COMPONENT}
 
 
 def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
@@ -115,6 +146,8 @@ def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
         k = x[np.arange(out_words) % len(x)]
         far = np.where(k % 3 == 0, 0, x[np.arange(out_words) % len(x)]).astype(np.uint32)
         out[:] = (k ^ np.uint32(0x9E3779B9)) + far
+    elif name == "atomic_counts":
+        out[:] = np.bincount(x % np.uint32(out_words + 8), minlength=out_words + 8)[:out_words]
     elif name == "next_slot":
         out[: (len(x) // 4 - 1) * 4] = x[: (len(x) // 4 - 1) * 4] ^ np.uint32(0x01010101)
     elif name == "vec_component":
@@ -157,7 +190,7 @@ def test_hostile_kernels_grouped_give_each_call_its_own_answer(red_port, rng, na
             others = np.concatenate([y for y in every if y is not x])
             assert not np.isin(got[got > 0x10000], others).any()
     # a component of an output vector written by index: one dispatch per call
-    slot_form = name not in ("vec_component", "next_slot")
+    slot_form = name not in ("vec_component", "next_slot", "atomic_read_past")
     assert stat(red_port, "slot_dispatches") - before == (len(sizes) if slot_form else 0)
     alone = inputs[-1]
     assert red_port.call("execute_kernel", name.encode(), alone.tobytes(), 1) == expected(name, alone, len(alone)).tobytes()

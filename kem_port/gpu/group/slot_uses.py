@@ -73,9 +73,11 @@ def _top_level_comma(text: str) -> bool:
     return False
 
 
-def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, vector: bool = False) -> int:
+def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, vector: bool = False,
+                  atomic: bool = False) -> int:
     """Redirect every use of binding `name` into the slot; return how many.
-    `vector`: the output's elements are vectors (see _component_written)."""
+    `vector`: the output's elements are vectors (see _component_written);
+    `atomic`: they are atomics (see _atomic_statement)."""
     handled = 0
     for node in walk(root):
         if node.type != "identifier" or node.text.decode() != name or node.start_byte == declared_at:
@@ -101,6 +103,8 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
         else:
             if vector and _component_written(edits.data, node.start_byte, close.end_byte):
                 raise Refused("a component of an output vector is written by index")
+            if atomic and not _atomic_statement(edits.data, node.start_byte):
+                raise Refused("an atomic's result on the output is used")
             edits.replace(open_.end_byte, open_.end_byte, "kem_out(u32(")
             edits.replace(close.start_byte, close.start_byte, "))")
     return handled
@@ -155,3 +159,23 @@ def _component_written(data: bytes, start: int, end: int) -> bool:
     before = data[:start].rstrip()[-1:]
     after = data[end:].lstrip()[:1]
     return after == b"[" or before in (b"(", b"&", b"*")
+
+
+def _atomic_statement(data: bytes, start: int) -> bool:
+    """Whether the output element at ``start`` is the first argument of an
+    atomic called as a statement (``atomicAdd(&output[e], v);``), its
+    result dropped. Past the call's output the atomic works on the slot's
+    spare element, where the call's own stray atomics add up: a used
+    result read their sum where a lone call reads zero (red team 6)."""
+    head = data[:start].rstrip()
+    if not head.endswith(b"&"):
+        return False
+    head = head[:-1].rstrip()
+    call = re.search(rb"(?<![A-Za-z0-9_])atomic[A-Za-z]*\s*\($", head)
+    if call is None or data[: call.start()].rstrip()[-1:] not in (b";", b"{", b"}"):
+        return False
+    depth, at = 1, len(head)
+    while at < len(data) and depth:
+        depth += {40: 1, 41: -1}.get(data[at], 0)  # '(' and ')'
+        at += 1
+    return depth == 0 and data[at:].lstrip()[:1] == b";"
