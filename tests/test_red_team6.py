@@ -309,3 +309,40 @@ def test_timeouts_and_group_members_give_their_shares_back(budget_port, rng):
         for x, fut, r in zip(inputs, group, reasons[4:12]):
             if r == "ok":
                 assert fut.result() == (x * np.uint32(2)).tobytes()
+
+
+# -- 3. one kernel id, two sources: two ports sharing a cache directory -------
+
+PLUS = HEAD + """
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < arrayLength(&dst)) { dst[gid.x] = src[gid.x] + PLUSu; }
+}
+"""
+# Nested block comments hide a write from the lexer and from naga alike:
+# both read the canonical text, where the whole comment is blank.
+HIDDEN = PLUS.replace("+ PLUSu; }", "+ PLUSu; /* /* */ dst[0] = 0xbadu; */ }\n// */ dst[1] = 0xbadu;")
+
+
+def test_one_kernel_id_with_two_sources_on_two_ports_sharing_a_cache(tmp_path, rng):
+    """Ports A and B share KEM_CACHE_DIR; kernel 'k' is x + 1 on A and
+    x + 2 on B (B's with nested comments): each answers its own source's
+    values, alone and grouped, whichever admitted first."""
+    cache = tmp_path / "cache"
+    dirs = []
+    for plus in (1, 2):
+        d = tmp_path / f"node{plus}"
+        d.mkdir()
+        (d / "k.wgsl").write_text((HIDDEN if plus == 2 else PLUS).replace("PLUS", str(plus)))
+        dirs.append(d)
+    with start_port(KEM_KERNEL_DIR=str(dirs[0]), KEM_CACHE_DIR=str(cache)) as a, \
+            start_port(KEM_KERNEL_DIR=str(dirs[1]), KEM_CACHE_DIR=str(cache)) as b:
+        first = [(port.call_async("execute_kernel", b"k", x.tobytes(), 1), x, plus)  # both admitted at once
+                 for port, plus, x in ((a, 1, rng.integers(0, 2**31, 7, dtype=np.uint32)), (b, 2, rng.integers(0, 2**31, 9, dtype=np.uint32)))]
+        assert [f.result(60) for f, _, _ in first] == [(x + np.uint32(plus)).tobytes() for _, x, plus in first]
+        for port, plus in ((a, 1), (b, 2), (b, 2), (a, 1)):
+            x = rng.integers(0, 2**31, int(rng.choice([3, 64, 200])), dtype=np.uint32)
+            assert port.call("execute_kernel", b"k", x.tobytes(), 1) == (x + np.uint32(plus)).tobytes()
+            group = [rng.integers(0, 2**31, 40, dtype=np.uint32) for _ in range(6)]
+            got = [f.result(60) for f in port.call_group_async(b"k", [y.tobytes() for y in group], hint=1, timeouts_ms=60000)]
+            assert got == [(y + np.uint32(plus)).tobytes() for y in group]
