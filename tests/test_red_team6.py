@@ -130,7 +130,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-KERNELS = {"atomic_read_past": ATOMIC_READ_PAST, "atomic_counts": ATOMIC_COUNTS, "next_slot": NEXT_SLOT, "read_past_output": READ_PAST_OUTPUT, "compound_past": COMPOUND_PAST, "wrapping": WRAPPING, "vec_component": VEC_COMPONENT}
+# Workgroup memory read before it is written: another slot's workgroup
+# (another caller's) may have run on the same core just before.
+WORKGROUP_LEFTOVER = HEAD + """
+var<workgroup> seen: array<u32, 64>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let old = seen[li];
+    workgroupBarrier();
+    seen[li] = src[gid.x];
+    workgroupBarrier();
+    if (gid.x < arrayLength(&dst)) { dst[gid.x] = src[gid.x] + old; }
+}
+"""
+
+KERNELS = {"workgroup_leftover": WORKGROUP_LEFTOVER, "atomic_read_past": ATOMIC_READ_PAST, "atomic_counts": ATOMIC_COUNTS, "next_slot": NEXT_SLOT, "read_past_output": READ_PAST_OUTPUT, "compound_past": COMPOUND_PAST, "wrapping": WRAPPING, "vec_component": VEC_COMPONENT}
 
 
 def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
@@ -138,7 +152,7 @@ def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
     and writes are dropped."""
     out = np.zeros(out_words, np.uint32)
     n = min(len(x), out_words)
-    if name == "read_past_output":
+    if name in ("read_past_output", "workgroup_leftover"):
         out[:n] = x[:n]
     elif name == "compound_past":
         out[:n] = x[:n]
