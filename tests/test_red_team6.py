@@ -302,11 +302,11 @@ def test_every_failure_road_gives_its_share_back_before_its_reply(budget_port, r
 
 
 def test_timeouts_and_group_members_give_their_shares_back(budget_port, rng):
-    """Calls that expire while queued behind a slow kernel (TimeoutMs 1),
+    """Calls that expire while queued behind a held GPU thread (TimeoutMs 1),
     and a group frame where some members expire and the rest are answered:
     (0, 0) right after the last reply."""
     for _ in range(2):
-        slow = budget_port.call_async("execute", b"loops", _words(64 * 32, 60000), {terms.atom("output_size"): 4 * 64 * 32})
+        slow = budget_port.call_async("test_hook", terms.atom("sleep_gpu"), 300)  # the GPU thread held 300 ms
         late = [budget_port.call_async("execute_kernel", b"double", _words(16, 3), 1, timeout_ms=1) for _ in range(4)]
         inputs = [rng.integers(0, 2**31, 16, dtype=np.uint32) for _ in range(8)]
         group = budget_port.call_group_async(b"double", [x.tobytes() for x in inputs], hint=1,
