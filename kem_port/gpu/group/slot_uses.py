@@ -146,8 +146,6 @@ def _address_taken(ident: Node) -> bool:
     return node is not None and node.type == "unary_expression" and node.child(0).type == "&"
 
 
-
-
 def _component_written(data: bytes, start: int, end: int) -> bool:
     """Whether the output element ``data[start:end]`` (``name[e]``, written
     or its address taken) may have a component written by a runtime index:
