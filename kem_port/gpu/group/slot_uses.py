@@ -149,8 +149,9 @@ def _address_taken(ident: Node) -> bool:
 def _component_written(data: bytes, start: int, end: int) -> bool:
     """Whether the output element ``data[start:end]`` (``name[e]``, written
     or its address taken) may have a component written by a runtime index:
-    followed by ``[`` or inside parentheses, a pointer or ``*``. naga does
-    not bound a vector's component index in memory: ``output[e][j]`` with
+    followed by ``[`` or inside parentheses, a pointer or ``*``. A vector's
+    component index into a storage buffer is bounded only by robust access
+    to the binding, the group's whole buffer here: ``output[e][j]`` with
     j past 3 on a slot's spare element wrote into the next slot, another
     caller's output (red team 6). A lone call is bound to its own range,
     where such a write stays or is dropped; ``.x`` is checked statically."""
