@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from functools import partial
 from collections.abc import Callable
 from concurrent.futures import Executor as Threads
 
@@ -28,6 +29,7 @@ from kem_port.kernel_store import KernelResolver, KernelSource
 from kem_port.port.budget import WorkBudget
 from kem_port.port.call_state import CallStates
 from kem_port.port.gpu_loop import GpuLoop, QueueFull
+from kem_port.port.intake import Once
 from kem_port.port.replies import Replies, with_gas
 from kem_port.wire import terms
 from kem_port.wire.run_requests import RunRequest
@@ -84,7 +86,7 @@ class RunMethods:
         try:
             inline = on_reader and not self.input_waiting() and self.loop.executor.named.small(source, request.call)
         except BaseException:  # the run never started: its share is ours to give back
-            self.budget.give(request.call.batch_bytes)
+            run.give_back()
             raise
         if inline and self.loop.run_control_inline(run):
             self.replies.stats.inc("inline_named_calls")
@@ -92,7 +94,7 @@ class RunMethods:
         try:
             self.loop.put(run)
         except QueueFull:
-            self.budget.give(request.call.batch_bytes)
+            run.give_back()
             raise KemError("overloaded", "the GPU queue is full") from None
 
 
@@ -102,14 +104,14 @@ class NamedRun:
     gather key: the loop takes them together and runs them in one
     submission (gather, gpu/named/named_batch.py)."""
 
-    __slots__ = ("request", "source", "replies", "budget", "queued", "tag", "gather_key", "given")
+    __slots__ = ("request", "source", "replies", "give_back", "queued", "tag", "gather_key")
 
     def __init__(self, request: RunRequest, source: KernelSource, replies: Replies, budget: WorkBudget) -> None:
-        self.request, self.source, self.replies, self.budget = request, source, replies, budget
+        self.request, self.source, self.replies = request, source, replies
+        self.give_back = Once(partial(budget.give, request.call.batch_bytes))  # its budget share, given back once
         self.queued = time.perf_counter()
         self.tag = request.req_id  # call_state: queued or running (gpu_loop.state_of)
         self.gather_key = ("run", source.sha256, request.call.entry_point)
-        self.given = False
 
     def __call__(self, executor: Executor) -> None:
         NamedRun.gather(executor, [self])
@@ -152,12 +154,6 @@ class NamedRun:
         finally:
             for run in runs:
                 run.give_back()
-
-    def give_back(self) -> None:
-        """The call's budget share, given back once."""
-        if not self.given:
-            self.given = True
-            self.budget.give(self.request.call.batch_bytes)
 
 
 def _answer(replies: Replies, req_id: int, outputs: NamedOutputs, usage: bool) -> None:
