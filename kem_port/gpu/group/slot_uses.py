@@ -73,11 +73,11 @@ def _top_level_comma(text: str) -> bool:
     return False
 
 
-def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, vector: bool = False,
-                  atomic: bool = False) -> int:
+def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, element: str = "u32") -> int:
     """Redirect every use of binding `name` into the slot; return how many.
-    `vector`: the output's elements are vectors (see _component_written);
-    `atomic`: they are atomics (see _atomic_statement)."""
+    `element`: the output's element type (vectors: _component_written;
+    atomics: _atomic_statement)."""
+    vector, atomic = element.startswith("vec"), element.startswith("atomic")
     handled = 0
     for node in walk(root):
         if node.type != "identifier" or node.text.decode() != name or node.start_byte == declared_at:
