@@ -40,6 +40,14 @@ def start_port(**env: str) -> PortClient:
     return PortClient({"KEM_TEST_HOOKS": "1", **env})
 
 
+def kernels_port(directory: Path, kernels: dict[str, str], **env: str) -> PortClient:
+    """A port serving `kernels` (name -> WGSL text), written into `directory`,
+    its compile cache beside them."""
+    for name, text in kernels.items():
+        (directory / f"{name}.wgsl").write_text(text)
+    return start_port(KEM_KERNEL_DIR=str(directory), KEM_CACHE_DIR=str(directory / "cache"), **env)
+
+
 # The session and chain tests' kernels (accumulate, copy_words, ...).
 SESSION_KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
 

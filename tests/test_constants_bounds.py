@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import kernels_port
 from kem_port.admission.admitted import MAX_ADMITTED_SETS
 from kem_port.admission.guard import CompileGuard, GuardSettings
 from kem_port.admission.limits import MAX_WORKGROUP_ELEMENTS as LITERAL_LIMIT
@@ -81,10 +81,7 @@ KERNELS = {"wgarr": WGARR, "nested": NESTED, "scaled": SCALED}
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("bounds")
-    for name, text in KERNELS.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
+    with kernels_port(tmp_path_factory.mktemp("bounds"), KERNELS) as port:
         yield port
 
 

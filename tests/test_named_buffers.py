@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import kernels_port
 from kem_port.client import PortError
 from kem_port.wire import terms
 
@@ -107,10 +107,7 @@ fn main() { out[0] = textureLoad(tex, vec2<i32>(0, 0), 0).x; }
 
 @pytest.fixture(scope="module")
 def named_port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("named")
-    for name, text in KERNELS.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
+    with kernels_port(tmp_path_factory.mktemp("named"), KERNELS) as port:
         yield port
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import kernels_port, start_port
 
 HEAD = """
 @group(0) @binding(0) var<storage, read> src: array<u32>;
@@ -66,14 +66,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 
-# Vector elements indexed by a runtime component past the vector.
-VEC_COMPONENT = """
+# vec4 bindings, and an entry point that returns past the output.
+VEC_HEAD = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     if (i >= arrayLength(&dst)) { return; }
+"""
+
+# Vector elements indexed by a runtime component past the vector.
+VEC_COMPONENT = VEC_HEAD + """
     let v = src[i];
     dst[i] = v ^ vec4<u32>(0x01010101u);
     let j = 4u + (v.x % 1000u);
@@ -86,13 +90,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 # NEXT slot: 4 * n of them reach that call's last output element, which it
 # leaves zero, past no canary. Before the fix every neighbour's last
 # element held the attacker's marks, silently.
-NEXT_SLOT = """
-@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i >= arrayLength(&dst)) { return; }
+NEXT_SLOT = VEC_HEAD + """
     let n = arrayLength(&dst);
     if (i + 1u < n) { dst[i] = src[i] ^ vec4<u32>(0x01010101u); }
     if (i < 4u) { dst[n][4u * n + i + src[0].x % 1u] = 0xabcd0000u | i; }
@@ -171,10 +169,7 @@ def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def red_port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("red6_kernels")
-    for name, text in KERNELS.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+    with kernels_port(tmp_path_factory.mktemp("red6_kernels"), KERNELS) as client:
         yield client
 
 
@@ -269,10 +264,7 @@ def _roads(rng) -> list[tuple[str, tuple, dict, str | None]]:
 
 @pytest.fixture(scope="module")
 def budget_port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("red6_budget")
-    for name, text in {"loops": LOOPS, "broken": BROKEN, "debugged": DEBUG_HEAD, "named": NAMED}.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+    with kernels_port(tmp_path_factory.mktemp("red6_budget"), {"loops": LOOPS, "broken": BROKEN, "debugged": DEBUG_HEAD, "named": NAMED}) as client:
         yield client
 
 

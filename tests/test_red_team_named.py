@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import kernels_port, start_port
 from test_request_budgets import SPIN, spin_input, spin_reference
 from kem_port.client import PortError
 from kem_port.wire import terms
@@ -111,10 +111,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("red_named")
-    for name, text in KERNELS.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as p:
+    with kernels_port(tmp_path_factory.mktemp("red_named"), KERNELS) as p:
         yield p
 
 

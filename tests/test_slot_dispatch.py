@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import kernels_port, start_port
 from kem_port.gpu.group.slot_kernel import Refused, rewrite, slot_uniform
 
 VEC4_SCALE = """
@@ -163,10 +163,7 @@ def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def slot_port(tmp_path_factory):
-    kernels = tmp_path_factory.mktemp("slot_kernels")
-    for name, text in KERNELS.items():
-        (kernels / f"{name}.wgsl").write_text(text)
-    with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as client:
+    with kernels_port(tmp_path_factory.mktemp("slot_kernels"), KERNELS) as client:
         yield client
 
 
