@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import kernels_port, start_port
+from kem_port.client import PortError
+from kem_port.wire import terms
 
 HEAD = """
 @group(0) @binding(0) var<storage, read> src: array<u32>;
@@ -207,8 +209,6 @@ def test_hostile_kernels_grouped_give_each_call_its_own_answer(red_port, rng, na
 
 # -- 2. the budget right after the last reply of every failure road ---------
 
-from kem_port.client import PortError  # noqa: E402
-from kem_port.wire import terms  # noqa: E402
 
 LOOPS = HEAD + """
 @compute @workgroup_size(64)
