@@ -123,7 +123,8 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
         # every use of a binding that the WGSL lexer finds (wgsl_canonical,
         # the spec's tokens, not the tree's) must be one this rewrite
         # handled, else one could be left reading other slots unredirected.
-        handled = redirect_uses(tree.root_node, name, name == names[0], declaration(code, name).start(), edits, out_type)
+        handled = redirect_uses(tree.root_node, name, name == names[0], declaration(code, name).start(), edits,
+                                in_type if name == names[0] else out_type)
         if handled + 1 != uses[name]:
             raise Refused(f"{name} is used where this rewrite cannot follow it")
     _adjust_entry(_entry_node(tree.root_node, entry_point), entry.workgroup_size[2], edits)

@@ -75,8 +75,8 @@ def _top_level_comma(text: str) -> bool:
 
 def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits: Edits, element: str = "u32") -> int:
     """Redirect every use of binding `name` into the slot; return how many.
-    `element`: the output's element type (vectors: _component_written;
-    atomics: _atomic_statement)."""
+    `element`: this binding's element type (vectors: _component_read,
+    _component_written; atomics: _atomic_statement)."""
     vector, atomic = element.startswith("vec"), element.startswith("atomic")
     handled = 0
     for node in walk(root):
@@ -94,6 +94,8 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
         if is_input and _address_taken(node):
             raise Refused("the input's address is taken")
         if is_input or (node.parent.type == "subscript_expression" and not _address_taken(node)):
+            if vector and _component_read(edits.data, close.end_byte):
+                raise Refused("a component of a vector binding is read by index")
             # A read of the output past the call's output is zero, as a lone
             # call's robust read: it would otherwise read the spare element,
             # where the call's own stray writes land (grouped and lone
@@ -158,6 +160,17 @@ def _component_written(data: bytes, start: int, end: int) -> bool:
     before = data[:start].rstrip()[-1:]
     after = data[end:].lstrip()[:1]
     return after == b"[" or before in (b"(", b"&", b"*")
+
+
+def _component_read(data: bytes, end: int) -> bool:
+    """Whether the element read that ends at ``end`` (``name[e]``, maybe
+    in parentheses) is indexed by component: ``name[e][j]``. A lone call
+    reads through its binding, where j past 3 reads the next element's
+    components (or zero past the binding); the slot form's getter returns
+    a value, whose index naga clamps to 3: grouped and lone results
+    differed (red team 7: src[i][4 + k] read src[i + 1][k] alone and
+    src[i].w grouped)."""
+    return data[end:].lstrip(b" \t\r\n)")[:1] == b"["
 
 
 def _atomic_statement(data: bytes, start: int) -> bool:

@@ -1,0 +1,80 @@
+"""Red team 7: the slot form (docs/dispatch.md "the slot form") against
+kernels that index a vector binding's component at run time on a READ.
+
+A lone call reads ``src[i][j]`` through a pointer into its own binding:
+with j past 3 robust access bounds it only by the binding, so it reads the
+next element's components (its own input). The slot form read the
+component of a value (``kem_in_at(i)[j]``), which naga treats otherwise:
+the grouped call's result must still equal the lone call's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import kernels_port
+
+VEC = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i >= n) { return; }
+"""
+# A component index past 3 on an input read.
+INPUT_COMPONENT = VEC + """
+    let j = 4u + (src[i].x % 4u);
+    dst[i] = vec4<u32>(src[i][j], src[i].y, src[i].z, src[i].w);
+}
+"""
+# The same on an output read, after the output is written (components
+# y, z, w of the next element: no invocation writes them after the barrier).
+OUTPUT_COMPONENT = VEC + """
+    dst[i] = src[i];
+    storageBarrier();
+    let j = 5u + (src[i].x % 3u);
+    dst[i].x = dst[i][j];
+}
+"""
+
+KERNELS = {"input_component": INPUT_COMPONENT, "output_component": OUTPUT_COMPONENT}
+
+
+@pytest.fixture(scope="module")
+def red_port(tmp_path_factory):
+    with kernels_port(tmp_path_factory.mktemp("red7_kernels"), KERNELS) as client:
+        yield client
+
+
+def stat(port, key: str) -> int:
+    return port.call_plain("stats").get(key, 0)
+
+
+def expected(name: str, x: np.ndarray) -> np.ndarray:
+    """numpy's answer alone: component j past 3 of element i is component
+    j - 4 of element i + 1, zero past the binding."""
+    v = x.reshape(-1, 4).copy()
+    nxt = np.vstack([v[1:], np.zeros((1, 4), np.uint32)])
+    j = (4 if name == "input_component" else 5) + v[:, 0] % (4 if name == "input_component" else 3)
+    v[:, 0] = nxt[np.arange(len(v)), j - 4]
+    return v.reshape(-1)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_vector_component_reads_grouped_equal_alone(red_port, rng, name):
+    """Groups of three sizes: every grouped result is numpy's and equals the
+    same call alone (before the fix grouped reads of src[i][4 + k] gave
+    src[i].w). Such kernels keep one dispatch per call."""
+    before = stat(red_port, "slot_dispatches")
+    for words in (8, 64, 256):
+        red_port.call("execute_kernel", name.encode(), np.zeros(words, np.uint32).tobytes(), 1)
+        inputs = [rng.integers(1, 2**32, words, dtype=np.uint32) for _ in range(6)]
+        futures = red_port.call_group_async(name.encode(), [x.tobytes() for x in inputs], hint=1, timeouts_ms=60000)
+        grouped = [f.result(60) for f in futures]
+        for k, (x, got) in enumerate(zip(inputs, grouped)):
+            alone = red_port.call("execute_kernel", name.encode(), x.tobytes(), 1)
+            assert got == alone, (name, words, k)
+            assert got == expected(name, x).tobytes(), (name, words, k)
+    assert stat(red_port, "slot_dispatches") == before
