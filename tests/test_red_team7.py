@@ -39,7 +39,26 @@ OUTPUT_COMPONENT = VEC + """
 }
 """
 
-KERNELS = {"input_component": INPUT_COMPONENT, "output_component": OUTPUT_COMPONENT}
+# A pointer to an output element past the output (the parentheses kept
+# the rewrite from seeing a pointer): alone the write through it is
+# dropped and the read is zero; grouped both reached the slot's spare
+# element, so the call read its own stray value back.
+POINTER_PAST = """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i >= n) { return; }
+    let p = &(dst[n + 3u]);
+    *p = src[i] | 1u;
+    storageBarrier();
+    dst[i] = src[i] ^ *p;
+}
+"""
+
+KERNELS = {"input_component": INPUT_COMPONENT, "output_component": OUTPUT_COMPONENT, "pointer_past": POINTER_PAST}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +74,8 @@ def stat(port, key: str) -> int:
 def expected(name: str, x: np.ndarray) -> np.ndarray:
     """numpy's answer alone: component j past 3 of element i is component
     j - 4 of element i + 1, zero past the binding."""
+    if name == "pointer_past":
+        return x
     v = x.reshape(-1, 4).copy()
     nxt = np.vstack([v[1:], np.zeros((1, 4), np.uint32)])
     j = (4 if name == "input_component" else 5) + v[:, 0] % (4 if name == "input_component" else 3)

@@ -107,6 +107,11 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
                 raise Refused("a component of an output vector is written by index")
             if atomic and not _atomic_statement(edits.data, node.start_byte):
                 raise Refused("an atomic's result on the output is used")
+            if not atomic and _address_taken(node):
+                # A pointer past the output reaches the spare element, and
+                # a read through it the call's own stray write, where a
+                # lone call reads zero (red team 7: let p = &(dst[n + 3u])).
+                raise Refused("the output's address is taken other than for an atomic")
             edits.replace(open_.end_byte, open_.end_byte, "kem_out(u32(")
             edits.replace(close.start_byte, close.start_byte, "))")
     return handled
