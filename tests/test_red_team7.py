@@ -99,3 +99,42 @@ def test_vector_component_reads_grouped_equal_alone(red_port, rng, name):
             assert got == alone, (name, words, k)
             assert got == expected(name, x).tobytes(), (name, words, k)
     assert stat(red_port, "slot_dispatches") == before
+
+
+# Inputs and outputs that are not a whole number of vec4s: alone lavapipe's
+# robust access reads and writes the in-range words of the partial last
+# element; the slot form's lengths count whole elements only, so grouped
+# that element read zero and its write was dropped (results differed).
+PARTIAL = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i > arrayLength(&dst)) { return; }
+    dst[i] = src[i] + vec4<u32>(1u);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def partial_port(tmp_path_factory):
+    with kernels_port(tmp_path_factory.mktemp("red7_partial"), {"partial": PARTIAL}) as client:
+        yield client
+
+
+def test_partial_vector_elements_grouped_equal_alone(partial_port, rng):
+    """Sizes of 5, 6, 7 and 9 words on a vec4 kernel: each grouped result
+    equals the call alone (whole elements are x + 1, as numpy says); whole
+    sizes (8 words) keep the slot form, partial ones one dispatch per call."""
+    for words in (5, 6, 7, 8, 9):
+        partial_port.call("execute_kernel", b"partial", np.zeros(words, np.uint32).tobytes(), 1)
+        before = stat(partial_port, "slot_dispatches")
+        inputs = [rng.integers(0, 2**31, words, dtype=np.uint32) for _ in range(4)]
+        futures = partial_port.call_group_async(b"partial", [x.tobytes() for x in inputs], hint=1, timeouts_ms=60000)
+        for k, (x, fut) in enumerate(zip(inputs, futures)):
+            got = fut.result(60)
+            assert got == partial_port.call("execute_kernel", b"partial", x.tobytes(), 1), (words, k)
+            whole = words // 4 * 4
+            assert np.array_equal(np.frombuffer(got, np.uint32)[:whole], x[:whole] + np.uint32(1)), (words, k)
+        assert stat(partial_port, "slot_dispatches") - before == (1 if words % 4 == 0 else 0), words

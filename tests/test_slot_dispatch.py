@@ -187,7 +187,8 @@ def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, ca
     got = run_group(slot_port, name, inputs, hint)
     # workgroup_sum has a loop: its group runs as plain calls, each with its
     # gas meter (the slot form carries none yet: docs/metering.md)
-    assert slot_dispatches(slot_port) == before + (0 if name == "workgroup_sum" else 1)
+    # a partial last vec4 (59 words) too: one dispatch per call (red team 7)
+    assert slot_dispatches(slot_port) == before + (0 if name == "workgroup_sum" or (name.startswith("vec4") and words % 4) else 1)
     for x, out in zip(inputs, got):
         assert_same(name, x, np.frombuffer(out, np.uint32), words * hint)
     single = slot_port.call("execute_kernel", name.encode(), inputs[-1].tobytes(), hint)
@@ -255,7 +256,7 @@ def test_slot_uniform_needs_whole_elements_and_a_spare_one():
     assert slot_uniform(64, 264, 64, 256, kernel) is None  # not whole vec4s
     assert slot_uniform(64, 256, 244, 256, kernel) is None  # the spare would hold the output's bytes 240-243
     assert slot_uniform(64, 256, 240, 256, kernel) == (4, 16, 15, 16)
-    assert slot_uniform(20, 256, 20, 256, kernel) == (1, 16, 1, 16)  # a partial vec4 is not counted
+    assert slot_uniform(20, 256, 20, 256, kernel) is None  # a partial vec4: alone its in-range words are read and written (red team 7)
 
 
 # Issue 24: a line comment ended by a WGSL line break that tree-sitter does

@@ -237,9 +237,12 @@ def slot_uniform(in_bytes: int, in_stride: int, out_bytes: int, out_stride: int,
     the slot's last element must start past the output's bytes, a partial
     last element of the output included (a 20-byte output of vec4s has one
     element for arrayLength, but a write to the second would touch its
-    bytes 16-19)."""
+    bytes 16-19). Sizes that are not whole elements keep one dispatch per
+    call too: alone robust access read and wrote the in-range words of a
+    partial last element, where the slot form's lengths (whole elements)
+    read zero and dropped the write (red team 7: 5 words of vec4s)."""
     ie, oe = kernel.input_stride, kernel.output_stride
-    if in_stride % ie or out_stride % oe or out_stride - oe < out_bytes:
+    if in_bytes % ie or out_bytes % oe or in_stride % ie or out_stride % oe or out_stride - oe < out_bytes:
         return None
     return (in_bytes // ie, in_stride // ie, out_bytes // oe, out_stride // oe)
 
