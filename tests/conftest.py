@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +48,36 @@ def kernels_port(directory: Path, kernels: dict[str, str], **env: str) -> PortCl
     for name, text in kernels.items():
         (directory / f"{name}.wgsl").write_text(text)
     return start_port(KEM_KERNEL_DIR=str(directory), KEM_CACHE_DIR=str(directory / "cache"), **env)
+
+
+def playground_process(*args: str, **env: str):
+    """A `kem playground` process (stdout and stderr piped) under Python's
+    faulthandler, so that a stop that hangs can show where (stopped_by)."""
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "kem_port.cli", "playground", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})
+
+
+def stopped_by(proc, signum: int, timeout: float = 60.0) -> tuple[int, str]:
+    """Send `signum`; the exit code and stderr. A process still there after
+    `timeout` is asked for every thread's stack (SIGABRT, faulthandler) and
+    its signal masks (/proc), and the test fails with them: one run in
+    hundreds on a loaded 2-core machine outlived a 20 s wait after Ctrl-C,
+    and said nothing of why."""
+    proc.send_signal(signum)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        masks = Path(f"/proc/{proc.pid}/status").read_text()
+        masks = "\n".join(line for line in masks.splitlines() if line.startswith(("State", "Threads", "Sig", "Shd")))
+        proc.send_signal(6)  # SIGABRT: faulthandler writes each thread's stack
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise AssertionError(f"no exit {timeout:.0f} s after signal {signum}\n{masks}\n{proc.stderr.read()[-6000:]}")
+    return code, proc.stderr.read()
 
 
 # The session and chain tests' kernels (accumulate, copy_words, ...).

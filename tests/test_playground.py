@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import playground_server
+from conftest import playground_process, playground_server, stopped_by
 from kem_port.playground.server import MAX_BODY, PlaygroundServer
 from kem_port.errors import KemError
 
@@ -178,8 +178,7 @@ def test_http_servers_own_refusals_are_json_too(server):
 
 
 def start_playground(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "kem_port.cli", "playground", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = playground_process(*args)
     line = proc.stdout.readline()
     assert line.startswith("kem playground: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc, line.split()[2]
@@ -194,9 +193,8 @@ def test_ctrl_c_stops_the_playground_cleanly_and_a_taken_port_is_one_line():
                                capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert taken.returncode == 1 and taken.stderr.startswith("kem: cannot serve on 127.0.0.1:") and len(taken.stderr.splitlines()) == 1
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
-    assert "stopped" in proc.stderr.read()
+        code, stderr = stopped_by(proc, signal.SIGINT)
+    assert code == 0 and "stopped" in stderr, stderr
 
 
 def test_every_request_needs_the_servers_token(server):

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from browser import browser, screenshot, wait_for  # noqa: F401  (browser: the module's driver fixture)
+from conftest import playground_process, stopped_by
 
 ROOT = Path(__file__).resolve().parents[1]
 PIXELIZE = ROOT / "kem_port" / "kernels" / "pixelize.wgsl"
@@ -42,17 +40,15 @@ TYPO = KERNEL.replace("(input_words[i] ^", "(input_wrds[i] ^")
 @pytest.fixture(scope="module")
 def playground():
     """A `kem playground` process; its URL. SIGTERM must stop it cleanly (exit 0)."""
-    proc = subprocess.Popen([sys.executable, "-m", "kem_port.cli", "playground"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "KEM_LOG": "WARNING"})
+    proc = playground_process(KEM_LOG="WARNING")
     line = proc.stdout.readline()
     found = re.search(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]+", line)  # the URL it prints carries its token
     assert found, (line, proc.stderr.read() if proc.poll() is not None else "")
     try:
         yield found.group(0)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-        assert "stopped" in proc.stderr.read()
+        code, stderr = stopped_by(proc, signal.SIGTERM)
+        assert code == 0 and "stopped" in stderr, stderr
 
 
 def load(driver, url: str) -> None:

@@ -264,7 +264,13 @@ kill_port_with_calls_in_flight() ->
     io:format(user, "~nkill: ~p errors, ~p good, ~p other; last answer after ~p ms~n", [length(Errors), length(Good), [R || R <- Results, not is_tuple(R)], LastAnswer]),
     ?assertEqual(100, length(Errors) + length(Good)),
     ?assert(length(Errors) > 0),
-    ?assert(LastAnswer < 1000),
+    %% Each error is the death itself, not a deadline: the owner failed
+    %% every waiting caller when the port went. The bound only says "not
+    %% the 30 s call timeout": it is the OS's time from kill -9 to the
+    %% closed pipe plus 100 replies, under 1 s alone, 1.1 s once with two
+    %% eunit VMs and pytest on 2 cores (a 1 s bound failed there).
+    ?assertEqual([], [E || {error, {Reason, _}} = E <- Errors, Reason =/= port_exited]),
+    ?assert(LastAnswer < 5000),
     ?assertEqual(ok, kem_test_app:wait_for_service(5000)),
     ?assertNotEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual(<<2, 6, 10, 14>>, kem_nif:execute_kernel(?DOUBLE, <<1, 3, 5, 7>>, 1)).
