@@ -92,6 +92,11 @@ def stopped_by(proc, signum: int, timeout: float = 60.0) -> tuple[int, str]:
     return code, proc.stderr.read()
 
 
+def stat(port: PortClient, name: str) -> int:
+    """One counter of the port's `stats` reply (0 when it has not counted yet)."""
+    return port.call_plain("stats").get(name, 0)
+
+
 # The session and chain tests' kernels (accumulate, copy_words, ...).
 SESSION_KERNELS = str(Path(__file__).resolve().parent / "session_kernels")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import kernels_port, start_port
+from conftest import kernels_port, start_port, stat
 from kem_port.client import PortError
 from kem_port.wire import terms
 
@@ -102,12 +102,14 @@ NEXT_SLOT = VEC_HEAD + """
 # Atomics past the output land on the slot's spare element, where the
 # call's own stray atomics add up: alone an atomic there reads zero, so a
 # kernel that uses one's result keeps one dispatch per call ...
-ATOMIC_READ_PAST = """
+ATOMIC_HEAD = """
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = arrayLength(&dst);
+"""
+ATOMIC_READ_PAST = ATOMIC_HEAD + """
     let i = gid.x;
     if (i >= n) { return; }
     let w = src[i] | 1u;
@@ -117,12 +119,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 # ... and one whose atomics are statements keeps the slot form.
-ATOMIC_COUNTS = """
-@group(0) @binding(0) var<storage, read> src: array<u32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let n = arrayLength(&dst);
+ATOMIC_COUNTS = ATOMIC_HEAD + """
     if (gid.x >= n) { return; }
     let w = src[gid.x] % (n + 8u);
     atomicAdd(&dst[w], 1u);
@@ -173,10 +170,6 @@ def expected(name: str, x: np.ndarray, out_words: int) -> np.ndarray:
 def red_port(tmp_path_factory):
     with kernels_port(tmp_path_factory.mktemp("red6_kernels"), KERNELS) as client:
         yield client
-
-
-def stat(port, key: str) -> int:
-    return port.call_plain("stats").get(key, 0)
 
 
 @pytest.mark.parametrize("name", list(KERNELS))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import kernels_port
+from conftest import kernels_port, stat
 
 VEC = """
 @group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
@@ -65,10 +65,6 @@ KERNELS = {"input_component": INPUT_COMPONENT, "output_component": OUTPUT_COMPON
 def red_port(tmp_path_factory):
     with kernels_port(tmp_path_factory.mktemp("red7_kernels"), KERNELS) as client:
         yield client
-
-
-def stat(port, key: str) -> int:
-    return port.call_plain("stats").get(key, 0)
 
 
 def expected(name: str, x: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from conftest import start_port
+from conftest import start_port, stat
 
 from kem_port.wire import terms
 from kem_port.client import PortClient, PortError
@@ -30,10 +30,6 @@ def port_killed_after(**env: str) -> Iterator[PortClient]:
     finally:
         port.proc.kill()
         port.proc.wait(10)
-
-
-def stat(port: PortClient, name: str) -> int:
-    return {terms.atom_name(k): v for k, v in port.call("stats").items()}.get(name, 0)
 
 
 def pool_in_use(port: PortClient) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import kernels_port, start_port
+from conftest import kernels_port, start_port, stat
 from kem_port.gpu.group.slot_kernel import Refused, rewrite, slot_uniform
 
 VEC4_SCALE = """
@@ -167,10 +167,6 @@ def slot_port(tmp_path_factory):
         yield client
 
 
-def slot_dispatches(port) -> int:
-    return port.call_plain("stats").get("slot_dispatches", 0)
-
-
 def run_group(port, name: str, inputs: list[np.ndarray], hint: int) -> list[bytes]:
     port.call("execute_kernel", name.encode(), inputs[0].tobytes(), hint)  # admitted: the group runs as one job
     futures = port.call_group_async(name.encode(), [x.tobytes() for x in inputs], hint=hint, timeouts_ms=60000)
@@ -183,12 +179,12 @@ def test_a_group_is_one_dispatch_with_each_calls_values(slot_port, rng, name, ca
     inputs = [rng.integers(0, 2**32, words, dtype=np.uint32) for _ in range(calls)]
     if name in ("vec4_scale", "vec4f_scale"):  # finite floats
         inputs = [rng.uniform(-1e3, 1e3, words).astype(np.float32).view(np.uint32) for _ in range(calls)]
-    before = slot_dispatches(slot_port)
+    before = stat(slot_port, "slot_dispatches")
     got = run_group(slot_port, name, inputs, hint)
     # workgroup_sum has a loop: its group runs as plain calls, each with its
     # gas meter (the slot form carries none yet: docs/metering.md)
     # a partial last vec4 (59 words) too: one dispatch per call (red team 7)
-    assert slot_dispatches(slot_port) == before + (0 if name == "workgroup_sum" or (name.startswith("vec4") and words % 4) else 1)
+    assert stat(slot_port, "slot_dispatches") == before + (0 if name == "workgroup_sum" or (name.startswith("vec4") and words % 4) else 1)
     for x, out in zip(inputs, got):
         assert_same(name, x, np.frombuffer(out, np.uint32), words * hint)
     single = slot_port.call("execute_kernel", name.encode(), inputs[-1].tobytes(), hint)
@@ -201,17 +197,17 @@ def test_double_as_slots_and_without_a_spare_element(slot_port, rng):
     (plan.SLOT_ROOM; they went slot by slot before); all right."""
     for words, slots in ((63, 1), (64, 1), (1, 1)):
         inputs = [rng.integers(0, 2**32, words, dtype=np.uint32) for _ in range(12)]
-        before = slot_dispatches(slot_port)
+        before = stat(slot_port, "slot_dispatches")
         got = run_group(slot_port, "double", inputs, 1)
-        assert slot_dispatches(slot_port) == before + slots
+        assert stat(slot_port, "slot_dispatches") == before + slots
         assert [np.frombuffer(o, np.uint32).tolist() for o in got] == [(x * np.uint32(2)).tolist() for x in inputs]
 
 
 def test_a_refused_kernel_still_runs_its_groups_slot_by_slot(slot_port, rng):
     inputs = [rng.integers(0, 2**32, 40, dtype=np.uint32) for _ in range(7)]
-    before = slot_dispatches(slot_port)
+    before = stat(slot_port, "slot_dispatches")
     got = run_group(slot_port, "structs", inputs, 1)
-    assert slot_dispatches(slot_port) == before
+    assert stat(slot_port, "slot_dispatches") == before
     for x, out in zip(inputs, got):
         assert np.array_equal(np.frombuffer(out, np.uint32), expected("structs", x, 40))
 
@@ -221,7 +217,7 @@ def test_slot_dispatch_off_keeps_one_dispatch_per_call(tmp_path, rng):
     with start_port(KEM_KERNEL_DIR=str(tmp_path), KEM_SLOT_DISPATCH="off") as port:
         inputs = [rng.integers(0, 2**32, 50, dtype=np.uint32) for _ in range(5)]
         got = run_group(port, "reverse", inputs, 1)
-        assert slot_dispatches(port) == 0
+        assert stat(port, "slot_dispatches") == 0
         assert [bytes(x[::-1]) for x in inputs] == got
 
 
