@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,7 +83,7 @@ def stopped_by(proc, signum: int, timeout: float = 60.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         masks = Path(f"/proc/{proc.pid}/status").read_text()
         masks = "\n".join(line for line in masks.splitlines() if line.startswith(("State", "Threads", "Sig", "Shd")))
-        proc.send_signal(6)  # SIGABRT: faulthandler writes each thread's stack
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes each thread's stack
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
