@@ -112,6 +112,12 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
                 # a read through it the call's own stray write, where a
                 # lone call reads zero (red team 7: let p = &(dst[n + 3u])).
                 raise Refused("the output's address is taken other than for an atomic")
+            if not atomic and not _assigned(edits.data, node.start_byte, close.end_byte):
+                # The grammar reads a call statement's argument as an
+                # assignment's left side: peek(dst[n + 3u], 0u) took the
+                # write form and read the spare element, the call's own
+                # stray write, where alone it reads zero (red team 8).
+                raise Refused("an output element is used where this rewrite cannot tell a read from a write")
             edits.replace(open_.end_byte, open_.end_byte, "kem_out(u32(")
             edits.replace(close.start_byte, close.start_byte, "))")
     return handled
@@ -196,3 +202,18 @@ def _atomic_statement(data: bytes, start: int) -> bool:
         depth += {40: 1, 41: -1}.get(data[at], 0)  # '(' and ')'
         at += 1
     return depth == 0 and data[at:].lstrip()[:1] == b";"
+
+
+# After an element written: its component (.x), the parentheses that close
+# around it, then an assignment operator or ++ / -- (not == <= >= !=).
+_ASSIGNED_AFTER = re.compile(rb"[\s)]*(\.[A-Za-z_][A-Za-z0-9_]*[\s)]*)?(=(?!=)|<<=|>>=|[-+*/%&|^]=|\+\+|--)")
+
+
+def _assigned(data: bytes, start: int, end: int) -> bool:
+    """Whether the output element ``data[start:end]`` is written as the text
+    says: it starts a statement (after ``;``, ``{`` or ``}``, maybe inside
+    parentheses) and an assignment operator follows it. The parse tree is
+    not enough: tree-sitter-wgsl-bevy reads ``f(dst[e], 0u);`` as ERROR
+    around an assignment's left side, and a read there took the write form."""
+    head = data[:start].rstrip(b" \n(")
+    return head[-1:] in (b";", b"{", b"}") and _ASSIGNED_AFTER.match(data, end) is not None
