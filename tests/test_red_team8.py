@@ -143,3 +143,39 @@ def test_grouped_equals_alone(red_port, rng, name):
             assert got == expected(name, x).tobytes(), (name, words, k)
     if name == "call_arg_read":
         assert stat(red_port, "slot_dispatches") == before
+
+
+# A kernel's own function named like an atomic, given an output element's
+# address as a statement: _atomic_statement trusted any name starting with
+# "atomic", and atomicPeek could read the spare element (a stray atomic's
+# sum, zero alone). naga of wgpu-py 0.32 refuses storage pointer parameters,
+# so no such kernel is admitted today; the unrestricted_pointer_parameters
+# extension would admit it. A function that shadows atomicAdd likewise.
+ATOMIC_NAMED = """
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<atomic<u32>>;
+var<private> seen: u32;
+fn NAME(p: ptr<storage, atomic<u32>, read_write>) { seen = atomicLoad(p); }
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n = arrayLength(&dst);
+    let i = gid.x;
+    if (i >= n) { return; }
+    let w = src[i] | 1u;
+    atomicAdd(&dst[n + 3u], w);
+    NAME(&dst[n + 3u]);
+    let v = w ^ seen;
+    atomicAdd(&dst[i], v);
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["atomicPeek", "atomicAdd"])
+def test_atomic_named_functions_keep_one_dispatch_per_call(name):
+    """The rewrite (in-process: no naga of this wgpu compiles the kernel)
+    refuses both; before, atomicPeek's kernel got a slot form."""
+    from kem_port.gpu.group.slot_kernel import rewrite
+    from kem_port.gpu.group.slot_uses import Refused
+
+    with pytest.raises(Refused):
+        rewrite(ATOMIC_NAMED.replace("NAME", name), "main")

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
-from kem_port.gpu.group.slot_uses import Edits, Refused, declaration, element_type, redirect_uses
+from kem_port.gpu.group.slot_uses import ATOMIC_BUILTINS, Edits, Refused, declaration, element_type, redirect_uses
 from kem_port.gpu.wgsl.wgsl_canonical import canonical, identifiers_in, names_declared_in, token_values
 from kem_port.gpu.wgsl.wgsl_reflect import _parser, reflect
 
@@ -67,7 +67,7 @@ ADJUSTED_BUILTINS = ("global_invocation_id", "workgroup_id", "num_workgroups")
 # Predeclared names the rewrite and its appendix rely on: a kernel that
 # declares one of them (WGSL allows shadowing) keeps one dispatch per slot.
 PREDECLARED_USED = frozenset({"select", "arrayLength", "array", "atomic", "bool", "u32", "i32", "f32", "vec2", "vec3", "vec4"}
-                             | {name for name in ELEMENT_STRIDES if "<" not in name})
+                             | {name for name in ELEMENT_STRIDES if "<" not in name} | set(ATOMIC_BUILTINS))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,15 @@ from tree_sitter import Node
 from kem_port.gpu.wgsl.wgsl_reflect import _walk as walk
 
 
+# WGSL's atomic builtins, the only calls _atomic_statement trusts: a kernel's
+# own fn atomicPeek(p: ptr<storage, atomic<u32>, read_write>) would read the
+# spare element (naga of wgpu-py 0.32 refuses storage pointer parameters;
+# the unrestricted_pointer_parameters extension would allow them). A kernel
+# that declares one of these names keeps one dispatch per call (slot_kernel).
+ATOMIC_BUILTINS = ("atomicLoad", "atomicStore", "atomicAdd", "atomicSub", "atomicMax", "atomicMin", "atomicAnd",
+                   "atomicOr", "atomicXor", "atomicExchange", "atomicCompareExchangeWeak")
+
+
 class Refused(Exception):
     """The kernel is not rewritten; the message says why (logged at debug)."""
 
@@ -194,7 +203,7 @@ def _atomic_statement(data: bytes, start: int) -> bool:
     if not head.endswith(b"&"):
         return False
     head = head[:-1].rstrip()
-    call = re.search(rb"(?<![A-Za-z0-9_])atomic[A-Za-z]*\s*\($", head)
+    call = re.search(rb"(?<![A-Za-z0-9_])(" + "|".join(ATOMIC_BUILTINS).encode() + rb")\s*\($", head)
     if call is None or data[: call.start()].rstrip()[-1:] not in (b";", b"{", b"}"):
         return False
     depth, at = 1, len(head)
