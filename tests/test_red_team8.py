@@ -1,9 +1,10 @@
 """Red team 8: the slot form (docs/dispatch.md "the slot form") against
 WGSL whose parse tree does not say what the program does.
 
-The rewrite decides from tree-sitter's tree whether an output element is
-read (``kem_out_get``: zero past the call's output) or written (indexed
-into the slot, past the output onto the slot's spare element). The grammar
+The rewrite decided from tree-sitter's tree whether an output element is
+read (then through a getter, zero past the call's output; since red team
+8 a read keeps one dispatch per call) or written (indexed into the slot,
+past the output onto the slot's spare element). The grammar
 reads a call statement such as ``peek(dst[n + 3u], 0u);`` as ERROR around
 an assignment's left side, so that READ took the write form and read the
 spare element: the call's own stray write, where alone it reads zero.
@@ -50,7 +51,7 @@ CALL_ARG_SECOND = HEAD + """
 # The defect: the same invocation reads back its own write past the output.
 # Alone lavapipe's compiler forwards the stored w to the load (s = w, so
 # dst[i] = 0), though after a barrier such a read is zero (red team 6);
-# grouped, kem_out_get read zero (dst[i] = w). A kernel that reads its
+# grouped, the getter read zero (dst[i] = w). A kernel that reads its
 # output keeps one dispatch per call.
 OWN_WRITE_READ = HEAD + """
     dst[n + 3u] = w;

@@ -19,8 +19,9 @@ of the two bindings is redirected into that slot:
   ``output[kem_out(u32(e))]``: the slot's element, or past the call's
   output the last element of the slot's own padding, so a stray write
   lands where no caller reads it, as a lone call's out-of-range write is
-  dropped; read, it is ``kem_out_get(u32(e))``: zero past the output, as
-  a lone call reads, never that spare element;
+  dropped. A kernel that reads its output keeps one dispatch per call:
+  past the output no value matches a lone call's in every case (zero
+  after a barrier, the invocation's own write right after it);
 * ``arrayLength(&input)`` / ``arrayLength(&output)`` are the call's own
   lengths, and the entry point's ``global_invocation_id``,
   ``workgroup_id`` and ``num_workgroups`` read as they would in a lone
@@ -128,7 +129,7 @@ def rewrite(source: str, entry_point: str) -> SlotKernel:
         if handled + 1 != uses[name]:
             raise Refused(f"{name} is used where this rewrite cannot follow it")
     _adjust_entry(_entry_node(tree.root_node, entry_point), entry.workgroup_size[2], edits)
-    text = edits.apply().decode("utf-8") + _appendix(names[0], in_type, names[1], out_type)
+    text = edits.apply().decode("utf-8") + _appendix(names[0], in_type, names[1])
     return SlotKernel(text, entry_point, ELEMENT_STRIDES[in_type], out_stride)
 
 
@@ -204,14 +205,7 @@ def _builtin_of(param: Node) -> str | None:
     return None
 
 
-def _appendix(input_name: str, input_type: str, output_name: str, output_type: str) -> str:
-    # An atomic output is read only through atomics (its address): no getter.
-    getter = "" if output_type.startswith("atomic") else f"""
-fn kem_out_get(i: u32) -> {output_type} {{
-    if (i < kem_slots.z) {{ return {output_name}[kem_slot * kem_slots.w + i]; }}
-    return {output_type}();
-}}
-"""
+def _appendix(input_name: str, input_type: str, output_name: str) -> str:
     return f"""
 
 // kem: one dispatch for a group of calls (kem_port/gpu/slot_kernel.py).
@@ -227,7 +221,7 @@ fn kem_in_at(i: u32) -> {input_type} {{
 fn kem_out(i: u32) -> u32 {{
     return kem_slot * kem_slots.w + select(kem_slots.w - 1u, i, i < kem_slots.z);
 }}
-""" + getter
+"""
 
 
 def slot_uniform(in_bytes: int, in_stride: int, out_bytes: int, out_stride: int, kernel: SlotKernel) -> tuple[int, int, int, int] | None:

@@ -1,8 +1,9 @@
 """Where a kernel uses its two bindings, and each use redirected into a
 call's slot (the half of gpu/slot_kernel.py's rewrite that reads the parse
-tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` read
-becomes ``kem_out_get(u32(e))``, written or its address taken indexes
-``output[kem_out(u32(e))]``, ``arrayLength(&x)`` the call's own length.
+tree): ``input[e]`` becomes ``kem_in_at(u32(e))``, ``output[e]`` written
+(or its address taken for an atomic) indexes ``output[kem_out(u32(e))]``,
+``arrayLength(&x)`` the call's own length; a kernel that reads its output
+is refused.
 Anything else refuses the rewrite, and so does a use the WGSL lexer finds
 that the walk did not handle (the grammar reads some valid WGSL as ERROR).
 Everything here reads the kernel's canonical text (gpu/wgsl_canonical.py):
@@ -100,20 +101,20 @@ def redirect_uses(root: Node, name: str, is_input: bool, declared_at: int, edits
         if brackets is None:
             raise Refused(f"{node.text.decode()} is used other than through [...] or arrayLength")
         open_, close = brackets
-        if is_input and _address_taken(node):
-            raise Refused("the input's address is taken")
-        if is_input or (node.parent.type == "subscript_expression" and not _address_taken(node)):
+        if is_input:
+            if _address_taken(node):
+                raise Refused("the input's address is taken")
             if vector and _component_read(edits.data, close.end_byte):
                 raise Refused("a component of a vector binding is read by index")
-            if not is_input:
-                # Past the output no answer matches a lone call's: there a
-                # read after a barrier is zero (red team 6: the spare gave
-                # the stray write back), but one after the same invocation's
-                # own write gets that write, forwarded by the compiler
-                # (lavapipe; red team 8: kem_out_get's zero differed).
-                raise Refused("the output is read")
-            edits.replace(node.start_byte, open_.end_byte, "kem_in_at(u32(" if is_input else "kem_out_get(u32(")
+            edits.replace(node.start_byte, open_.end_byte, "kem_in_at(u32(")
             edits.replace(close.start_byte, close.end_byte, "))")
+        elif node.parent.type == "subscript_expression" and not _address_taken(node):
+            # Past the output no answer matches a lone call's: there a read
+            # after a barrier is zero (red team 6: the spare element gave
+            # the call's stray write back), but one after the same
+            # invocation's own write gets that write, forwarded by the
+            # compiler (lavapipe; red team 8: a getter's zero differed).
+            raise Refused("the output is read")
         else:
             if vector and _component_written(edits.data, node.start_byte, close.end_byte):
                 raise Refused("a component of an output vector is written by index")
