@@ -58,7 +58,7 @@ kernel_failure_carries_kernel_id() ->
 
 restart_is_one_warning_not_a_supervisor_report() ->
     listen(),
-    ?assertMatch({error, {timeout, _}}, kem:call(test_hook, {sleep_gpu, 3000}, 200)),
+    ?assertMatch({error, {timeout, _}}, kem:call(test_hook, {sleep_gpu, 3000}, 1000)),  % 1 s: on the GPU by then, under load too
     ok = kem_test_app:wait_for_service(10000),
     timer:sleep(200),
     Events = drain([]),

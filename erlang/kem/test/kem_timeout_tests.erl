@@ -60,9 +60,11 @@ queued_call_is_answered_and_port_kept() ->
     [Port] = kem_sup:port_names(),
     OsPid = kem_port:os_pid(Port),
     Self = self(),
-    spawn_link(fun() -> Self ! {busy, kem:call(test_hook, {sleep_gpu, 2000}, 10000)} end),
+    spawn_link(fun() -> Self ! {busy, kem:call(test_hook, {sleep_gpu, 3000}, 10000)} end),
     timer:sleep(200),
-    Result = kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{timeout => 300}),
+    %% 1 s: time enough for a loaded machine's port to read the call into
+    %% its queue (at 300 ms it could still be unread: `unknown').
+    Result = kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{timeout => 1000}),
     ?assertMatch({error, {timeout, _}}, Result),
     {error, {timeout, Detail}} = Result,
     ?assertNotEqual(nomatch, binary:match(Detail, <<"queued behind">>)),
@@ -76,9 +78,9 @@ queued_call_is_answered_and_port_kept() ->
 a_call_that_only_waited_is_not_quarantined() ->
     {ok, Default} = application:get_env(kem, timeout),
     Self = self(),
-    spawn_link(fun() -> Self ! {busy, kem:call(test_hook, {sleep_gpu, 1500}, 10000)} end),
+    spawn_link(fun() -> Self ! {busy, kem:call(test_hook, {sleep_gpu, 2500}, 10000)} end),
     timer:sleep(200),
-    ok = application:set_env(kem, timeout, 300),
+    ok = application:set_env(kem, timeout, 1000),
     try
         ?assertMatch({error, {timeout, _}}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{})),
         ?assertEqual({busy, {ok, ok}}, receive {busy, _} = B -> B after 10000 -> none end),
@@ -90,7 +92,8 @@ a_call_that_only_waited_is_not_quarantined() ->
 call_the_gpu_is_inside_restarts_the_port() ->
     [Port] = kem_sup:port_names(),
     OsPid = kem_port:os_pid(Port),
-    Result = kem:call(test_hook, {sleep_gpu, 5000}, 300),
+    %% 1 s for the call to reach the GPU thread, on a loaded machine too.
+    Result = kem:call(test_hook, {sleep_gpu, 5000}, 1000),
     ?assertMatch({error, {timeout, _}}, Result),
     {error, {timeout, Detail}} = Result,
     ?assertNotEqual(nomatch, binary:match(Detail, <<"the GPU thread is inside this call; the port was restarted">>)),
