@@ -15,13 +15,7 @@ front_node_dashboard_test_() ->
                        {timeout, 120, fun() -> front_shows_the_serving_node(Cluster) end}}] end}.
 
 start() ->
-    Distributed = case node() of
-                      nonode@nohost ->
-                          _ = os:cmd("epmd -daemon"),
-                          ok = distribute(list_to_atom("kem_dash_" ++ os:getpid()), 40),
-                          true;
-                      _ -> false
-                  end,
+    Distributed = kem_test_app:distribute("kem_dash"),
     Paths = [P || P <- code:get_path(), not lists:prefix(code:lib_dir(), P)],
     {ok, Peer, Serve} = peer:start(#{name => peer:random_name("kem_dash_serve"), args => ["-pa" | Paths]}),
     {ok, _} = erpc:call(Serve, application, ensure_all_started, [kem], ?START_MS),
@@ -32,17 +26,8 @@ start() ->
 stop(#{peer := Peer, apps := Apps, distributed := Distributed}) ->
     kem_test_app:stop(Apps),
     catch peer:stop(Peer),
-    Distributed andalso net_kernel:stop(),
+    kem_test_app:undistribute(Distributed),
     ok.
-
-%% `epmd -daemon' returns before epmd listens: the first start failed
-%% with badarg when no epmd ran yet (seen here), so try for up to 2 s.
-distribute(Name, 0) -> {ok, _} = net_kernel:start([Name, shortnames]), ok;
-distribute(Name, Tries) ->
-    case net_kernel:start([Name, shortnames]) of
-        {ok, _} -> ok;
-        {error, _} -> timer:sleep(50), distribute(Name, Tries - 1)
-    end.
 
 wait_until(_Pred, 0) -> timeout;
 wait_until(Pred, N) ->

@@ -3,7 +3,8 @@
 %%% (for files the Python tests share with these: the Lua example, the
 %%% session kernels).
 -module(kem_test_app).
--export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, counting_kernel/0, wait_for_service/1, repo_root/0]).
+-export([start/1, stop/1, start_with_kernels/3, stop_with_kernels/1, runaway_kernel/0, counting_kernel/0, wait_for_service/1, repo_root/0,
+         distribute/1, undistribute/1]).
 
 %% @doc Load kem, set each app env key, start it and what it needs.
 -spec start([{atom(), term()}]) -> [atom()].
@@ -94,4 +95,35 @@ find_up(Dir) ->
         true -> Dir;
         false when Dir =/= "/" -> find_up(filename:dirname(Dir));
         false -> error({no_repo_root_above, code:which(?MODULE)})
+    end.
+
+%% @doc Make this VM a distributed node named Prefix_<os pid> (shortnames),
+%% for tests that start peers: `true' if it was started here (give it to
+%% undistribute/1), `false' if the VM already was one. On a machine where
+%% no epmd runs yet, `epmd -daemon' returns before epmd listens, and
+%% net_kernel fails with `nodistribution' (CI's first eunit run, on a
+%% fresh machine, saw it), so the start is tried for up to 5 s.
+-spec distribute(string()) -> boolean().
+distribute(Prefix) ->
+    case node() of
+        nonode@nohost ->
+            _ = os:cmd("epmd -daemon"),
+            ok = start_distribution(list_to_atom(Prefix ++ "_" ++ os:getpid()), 100),
+            true;
+        _ ->
+            false
+    end.
+
+%% @doc Stop distribution if distribute/1 started it.
+-spec undistribute(boolean()) -> ok.
+undistribute(true) -> _ = net_kernel:stop(), ok;
+undistribute(false) -> ok.
+
+start_distribution(Name, 0) ->
+    {ok, _} = net_kernel:start([Name, shortnames]),
+    ok;
+start_distribution(Name, Tries) ->
+    case net_kernel:start([Name, shortnames]) of
+        {ok, _} -> ok;
+        {error, _} -> timer:sleep(50), start_distribution(Name, Tries - 1)
     end.
