@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from kem_port.client import PortClient  # noqa: E402
+from kem_port.wire import terms  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +99,43 @@ def stopped_by(proc, signum: int, timeout: float = 60.0) -> tuple[int, str]:
 def stat(port: PortClient, name: str) -> int:
     """One counter of the port's `stats` reply (0 when it has not counted yet)."""
     return port.call_plain("stats").get(name, 0)
+
+
+def sent(port: PortClient, method: str, *args, timeout_ms: int = 600_000) -> tuple[int, Future]:
+    """Send one call; its ReqId (for call_state) and its future."""
+    req_id = port.next_req_ids(1)[0]
+    frame = terms.encode(port._request(req_id, method, args, timeout_ms))
+    return req_id, port.call_raw_frame(frame, [req_id])[0]
+
+
+def call_state(port: PortClient, req_id: int) -> str:
+    """Where the port says call req_id is: running, queued, admitting, fetching or unknown."""
+    found = port.call("call_state", req_id)
+    return terms.binary_bytes({terms.atom_name(k): v for k, v in found.items()}["state"]).decode()
+
+
+def wait_running(port: PortClient, req_id: int, timeout: float = 30.0) -> None:
+    """Until the GPU thread is inside call req_id: a state, where a sleep
+    would be a guess that a loaded machine proves wrong."""
+    deadline = time.monotonic() + timeout
+    while (state := call_state(port, req_id)) != "running":
+        assert time.monotonic() < deadline, f"call {req_id} still {state} after {timeout} s"
+        time.sleep(0.01)
+
+
+def until_inline(port: PortClient, counter: str, call, tries: int = 100) -> None:
+    """Repeat call() (a harmless one) until the port counts it on an inline
+    counter: the GPU thread has let go of the executor lock. It holds the
+    lock while it writes a batch's replies and a moment after, so the call
+    right after a GPU-thread reply (a warm-up's compile) may find it held
+    and take the queue: one queue hop, right answers, but not the road a
+    test then counts."""
+    for _ in range(tries):
+        before = stat(port, counter)
+        call()
+        if stat(port, counter) > before:
+            return
+    raise AssertionError(f"no call counted on {counter} in {tries} tries")
 
 
 # The session and chain tests' kernels (accumulate, copy_words, ...).

@@ -12,7 +12,7 @@ import erlang
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import sent, start_port, wait_running
 from kem_port.wire import batch_frames, terms
 from kem_port.client import PortError
 
@@ -145,8 +145,10 @@ def test_timeouts_inside_a_calls_frame():
     timeout by the port itself, those without one are served after."""
     x = np.arange(32, dtype=np.uint32)
     with start_port() as client:
-        busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
-        time.sleep(0.1)
+        # 2 s, running before the frames are sent: they must be read while it
+        # holds the GPU, so that the short ones' deadlines pass in the queue.
+        busy_id, busy = sent(client, "test_hook", terms.atom("sleep_gpu"), 2000)
+        wait_running(client, busy_id)
         call = ("execute_kernel", b"double", x.tobytes(), 1)
         short = client.call_batch_async([call] * 5, timeout_ms=200)
         patient = client.call_batch_async([call] * 5)

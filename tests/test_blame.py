@@ -17,11 +17,7 @@ from kem_port.wire import terms
 from kem_port.gpu.calls import Job, KernelCall
 from kem_port.port.gpu_loop import _take_batch
 from kem_port.kernel_store import PACKAGED_KERNELS, source_from_bytes
-
-
-def _state(port, req_id: int) -> str:
-    found = port.call("call_state", req_id)
-    return terms.binary_bytes({terms.atom_name(k): v for k, v in found.items()}["state"]).decode()
+from conftest import call_state, sent, wait_running
 
 
 def _job(source, tag: int) -> Job:
@@ -49,8 +45,8 @@ def test_an_innocent_call_batched_before_a_runaway_is_not_running(kernel_dir, rn
         assert port.call("execute_kernel", b"spin", spin_input(3, seed), SPIN_HINT) == spin_reference(3, seed, 16 * SPIN_HINT // 4)
         words = rng.integers(0, 2**31, int(rng.integers(1, 4000)), dtype=np.uint32)
         port.call("execute_kernel", b"double", words.tobytes(), 1)
-        hold = port.call_async("test_hook", terms.atom("sleep_gpu"), 800)
-        time.sleep(0.2)  # the GPU thread is asleep: what comes now queues together
+        hold_id, hold = sent(port, "test_hook", terms.atom("sleep_gpu"), 800)
+        wait_running(port, hold_id)  # the GPU thread is asleep: what comes now queues together
         innocent_id = port.next_req_ids(1)[0]
         innocent = port.call_raw_frame(terms.encode(port._request(innocent_id, "execute_kernel", (b"double", words.tobytes(), 1), 600_000)), [innocent_id])[0]
         time.sleep(0.05)
@@ -58,7 +54,6 @@ def test_an_innocent_call_batched_before_a_runaway_is_not_running(kernel_dir, rn
         runaway = port.call_raw_frame(terms.encode(port._request(runaway_id, "execute_kernel", (b"spin", spin_input(RUNAWAY, 7), SPIN_HINT), 600_000)), [runaway_id])[0]
         hold.result(30)
         assert innocent.result(30) == (words * 2).astype("<u4").tobytes()  # its own batch, answered
-        time.sleep(0.2)
+        wait_running(port, runaway_id)
         assert not runaway.done()
-        assert _state(port, runaway_id) == "running"
-        assert _state(port, innocent_id) != "running"
+        assert call_state(port, innocent_id) != "running"

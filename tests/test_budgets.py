@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from arweave_fixture import Gateway, make_tx, new_key
-from conftest import start_port
+from conftest import sent, start_port, wait_running
 from kem_port.wire import terms
 from kem_port.port.budget import WorkBudget
 from kem_port.client import PortError
@@ -41,8 +41,8 @@ def test_work_budget_counts_calls_and_bytes():
 
 def test_queue_bytes_bound_what_waits(rng):
     with start_port(KEM_QUEUE_BYTES=str(1 << 20)) as port:
-        port.call_async("test_hook", terms.atom("sleep_gpu"), 1500)  # occupy the GPU thread
-        time.sleep(0.2)
+        hold_id, _ = sent(port, "test_hook", terms.atom("sleep_gpu"), 1500)  # occupy the GPU thread
+        wait_running(port, hold_id)
         inputs = [rng.integers(0, 2**32, (256 << 10) // 4, dtype=np.uint32) for _ in range(6)]
         calls = [port.call_async("execute_kernel", b"double", words.tobytes(), 1) for words in inputs]
         wait(calls, timeout=60)

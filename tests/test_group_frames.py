@@ -13,7 +13,7 @@ import erlang
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import sent, start_port, wait_running
 from kem_port.wire import group_frames, terms
 from kem_port.client import PortError
 from kem_port.config import Config
@@ -192,8 +192,10 @@ def test_each_call_keeps_its_own_timeout(warm):
     with start_port() as client:
         if warm:
             client.call("execute_kernel", b"double", x.tobytes(), 1)
-        busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 800)
-        time.sleep(0.1)
+        # 2 s, running before the group is sent: it must be read while the
+        # hook holds the GPU, so that the short deadlines pass in the queue.
+        busy_id, busy = sent(client, "test_hook", terms.atom("sleep_gpu"), 2000)
+        wait_running(client, busy_id)
         timeouts = [200, 0, 200, 60000, 0, 200]
         futures = client.call_group_async(b"double", [x.tobytes()] * 6, timeouts_ms=timeouts)
         got = [outcome(f, 30) for f in futures]
@@ -211,8 +213,8 @@ def test_call_state_answers_for_every_caller_of_a_group():
     x = np.arange(8, dtype=np.uint32)
     with start_port() as client:
         client.call("execute_kernel", b"double", x.tobytes(), 1)  # admitted and compiled: the group queues
-        busy = client.call_async("test_hook", terms.atom("sleep_gpu"), 1500)
-        time.sleep(0.2)
+        busy_id, busy = sent(client, "test_hook", terms.atom("sleep_gpu"), 1500)
+        wait_running(client, busy_id)
         req_ids = client.next_req_ids(4)
         futures = client.call_raw_frame(group_frames.encode_group(b"double", 1, [(r, 0) for r in req_ids], [x.tobytes()] * 4), req_ids)
         states = [client.call_plain("call_state", r)["state"] for r in req_ids]

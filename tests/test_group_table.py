@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import start_port
+from conftest import sent, start_port, wait_running
 from kem_port.wire import group_frames, terms
 from kem_port.client import PortError
 from kem_port.config import Config
@@ -118,8 +118,9 @@ def test_a_group_is_one_dispatch_and_each_value_is_numpys(tabled_port, rng, kern
 def test_expired_slots_are_not_answered_and_the_others_are(tabled_port, rng):
     """The GPU is busy: the slots with a short timeout hear timeout (from the
     port, once), the others their values; the group is still one dispatch."""
-    busy = tabled_port.call_async("test_hook", terms.atom("sleep_gpu"), 800)
-    time.sleep(0.1)
+    # 2 s, running before the group is sent (see test_group_frames).
+    busy_id, busy = sent(tabled_port, "test_hook", terms.atom("sleep_gpu"), 2000)
+    wait_running(tabled_port, busy_id)
     timeouts = [200, 0, 200, 60000, 0, 200, 60000, 200]
     before = counts(tabled_port)
     got = run_group(tabled_port, rng, "reversed", len(timeouts), 52, 2, timeouts)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import reference
+from conftest import sent, until_inline, wait_running
 from kem_port.wire import terms
 from kem_port.client import PortError
 
@@ -154,6 +155,7 @@ def test_lone_calls_run_on_the_reader_and_a_backlog_still_batches(port, rng):
 
     data = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
     assert port.call("execute_kernel", b"double", data, 1) == reference.double(data, 64)
+    until_inline(port, "inline_calls", lambda: port.call("execute_kernel", b"double", data, 2))
     inline_before = stat("inline_calls")
     for _ in range(10):
         data = rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8).tobytes()
@@ -161,7 +163,8 @@ def test_lone_calls_run_on_the_reader_and_a_backlog_still_batches(port, rng):
     assert stat("inline_calls") - inline_before == 10
 
     shared_before = stat("batched_calls") - stat("batches")
-    port.call_async("test_hook", terms.atom("sleep_gpu"), 300)
+    hold_id, _ = sent(port, "test_hook", terms.atom("sleep_gpu"), 1000)
+    wait_running(port, hold_id)  # the 40 calls queue behind it, whatever the load
     inputs = [rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8).tobytes() for _ in range(40)]
     futures = [port.call_async("execute_kernel", b"double", d, 1) for d in inputs]
     wait(futures, timeout=60)

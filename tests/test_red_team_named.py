@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import kernels_port, start_port
+from conftest import call_state, kernels_port, sent, start_port, wait_running
 from test_request_budgets import SPIN, spin_input, spin_reference
 from kem_port.client import PortError
 from kem_port.wire import terms
@@ -123,11 +123,6 @@ def run(port, kernel: str, buffers: dict, **opts) -> dict[str, bytes]:
     return {terms.binary_bytes(k).decode(): terms.binary_bytes(v) for k, v in got.items()}
 
 
-def _state(port, req_id: int) -> str:
-    found = port.call("call_state", req_id)
-    return terms.binary_bytes({terms.atom_name(k): v for k, v in found.items()}["state"]).decode()
-
-
 def test_a_storage_buffer_shorter_than_its_fixed_size_type_is_bad_args_naming_it(port):
     """BEFORE (red team): 4 bytes for `array<u32, 64>` was allocated, encoded and refused by wgpu as
     gpu_error, its text wgpu's internals ("In wgpuCommandEncoderFinish ... bound with size 4 where the
@@ -235,8 +230,8 @@ def test_a_run_past_its_deadline_in_the_queue_is_answered_timeout_not_run(port):
     opts = {"outputs": {b"output": 16 << 10}, "workgroups": (64, 1, 1)}  # 4,096 invocations
     got = run(port, "spin", {"input": spin_input(20, 7)}, outputs={"output": 16 << 10}, workgroups=(64, 1, 1))
     assert got["output"] == spin_reference(20, 7, 4096)
-    long = port.call_async("run", b"spin", {b"input": spin_input(20000, 1)}, opts)  # ~1 s on lavapipe
-    time.sleep(0.1)
+    long_id, long = sent(port, "run", b"spin", {b"input": spin_input(20000, 1)}, opts)  # ~1 s on lavapipe
+    wait_running(port, long_id)  # else `late` could be read in time and gathered into its batch
     late = port.call_async("run", b"spin", {b"input": spin_input(20000, 2)}, opts, timeout_ms=50)
     with pytest.raises(PortError) as err:
         late.result(60)
@@ -253,10 +248,10 @@ def test_call_state_says_running_for_a_long_run_and_queued_behind_it(port):
     for r in ids:  # the second once the first runs: queued together, they would run together (gpu_loop._gather)
         frames.append(port.call_raw_frame(terms.encode(port._request(r, "run", (b"spin", {b"input": spin_input(20000, r)}, opts), 600_000)), [r])[0])
         deadline = time.monotonic() + 30
-        while _state(port, ids[0]) != "running" and time.monotonic() < deadline:
+        while call_state(port, ids[0]) != "running" and time.monotonic() < deadline:
             time.sleep(0.01)
     time.sleep(0.2)
-    assert [_state(port, r) for r in ids] == ["running", "queued"]
+    assert [call_state(port, r) for r in ids] == ["running", "queued"]
     for f in frames:
         f.result(60)
 
@@ -276,7 +271,7 @@ def _watch_admission(port) -> None:
     frame = port.call_raw_frame(terms.encode(port._request(req_id, "run", (b"spin_cold", {b"input": spin_input(1, 3)}, opts), 600_000)), [req_id])[0]
     seen = []
     while not frame.done():
-        seen.append(_state(port, req_id))
+        seen.append(call_state(port, req_id))
         time.sleep(0.05)
     assert "admitting" in seen and seen[-1] == "running", (seen, frame.exception())
     frame.result(60)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import start_port
+from conftest import start_port, until_inline
 
 from kem_port.wire import terms
 
@@ -37,6 +37,7 @@ def test_small_resident_steps_run_on_the_reader(sport, rng, n):
     s = sport.session_open()
     s.create("acc", start.tobytes())
     s.call("accumulate", bytes(4), output_size=0)  # compiled first: a compile never runs on the reader
+    until_inline(sport, "inline_session_calls", lambda: s.call("accumulate", bytes(4), output_size=0))  # adds 0
     before, expected = counters(sport), start.copy()
     for _ in range(12):
         step = rng.integers(0, 2**32, int(rng.integers(1, n + 1)), dtype=np.uint32)
@@ -52,6 +53,7 @@ def test_small_chains_run_on_the_reader(sport, rng, n):
     data = rng.integers(0, 2**32, n, dtype=np.uint32)
     steps = [{"kernel": "double"}] * 10
     sport.chain(steps, input=data.tobytes())
+    until_inline(sport, "inline_session_calls", lambda: sport.chain(steps, input=data.tobytes()))
     before = counters(sport)
     for _ in range(3):
         data = rng.integers(0, 2**32, n, dtype=np.uint32)

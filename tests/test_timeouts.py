@@ -13,6 +13,7 @@ import pytest
 
 from kem_port.wire import terms
 from kem_port.client import PortClient, PortError
+from conftest import sent, wait_running
 
 ID = "A" * 43  # the shape of an Arweave ID
 
@@ -62,8 +63,8 @@ def test_stalled_gateway_answers_timeout_naming_the_fetch_within_the_call(stalle
 
 
 def test_queued_call_past_its_deadline_is_answered_by_the_port(port):
-    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 1500)
-    time.sleep(0.2)
+    busy_id, busy = sent(port, "test_hook", terms.atom("sleep_gpu"), 1500)
+    wait_running(port, busy_id)
     late = port.call_async("execute_kernel", b"double", bytes([1, 3, 5, 7]), 1, timeout_ms=100)
     with pytest.raises(PortError) as caught:
         late.result(30)
@@ -73,13 +74,12 @@ def test_queued_call_past_its_deadline_is_answered_by_the_port(port):
 
 
 def test_call_state_says_where_a_call_is(port):
-    busy = port.call_async("test_hook", terms.atom("sleep_gpu"), 1500)
-    time.sleep(0.2)
-    queued = port.call_async("execute_kernel", b"double", bytes([1, 3, 5, 7]), 1)
-    time.sleep(0.1)
-    ids = sorted(port._pending)  # the ReqIds of busy and queued, in order
-    running_state = port.call_plain("call_state", ids[0])
-    queued_state = port.call_plain("call_state", ids[1])
+    busy_id, busy = sent(port, "test_hook", terms.atom("sleep_gpu"), 1500)
+    wait_running(port, busy_id)
+    # call_state frames are read after `queued`'s: it is in the queue by then.
+    queued_id, queued = sent(port, "execute_kernel", b"double", bytes([1, 3, 5, 7]), 1)
+    running_state = port.call_plain("call_state", busy_id)
+    queued_state = port.call_plain("call_state", queued_id)
     unknown_state = port.call_plain("call_state", 10**12)
     assert terms.atom_name(busy.result(30)) == "ok" and queued.result(30) == bytes([2, 6, 10, 14])
     assert running_state == {"state": "running", "detail": "the GPU thread is inside this call"}

@@ -135,7 +135,12 @@ port_killed_with_a_calls_frame_in_flight() ->
     Last = now_ms() - Killed,
     io:format(user, "~nkill with a calls frame of 30 in flight: answered within ~b ms~n", [Last]),
     ?assertEqual([], [R || R <- Results, element(1, R) =/= error]),
-    ?assert(Last < 1000),
+    %% Each error is the death itself (`port_exited'), which no deadline
+    %% gives: the owner failed every waiting caller when the port went. The
+    %% bound is liveness only, as in kem_tests' kill test (1.1 s once there
+    %% under load, against a 1 s bound).
+    ?assertEqual([], [R || {error, {Reason, _}} = R <- Results, Reason =/= port_exited]),
+    ?assert(Last < 5000),
     receive {busy, _} -> ok after 10000 -> ok end,
     ?assertEqual(ok, kem_test_app:wait_for_service(10000)),
     ?assertEqual({ok, <<2, 6, 10, 14>>}, double(<<1, 3, 5, 7>>)).

@@ -46,6 +46,13 @@ stop(Started) ->
 
 now_ms() -> erlang:monotonic_time(millisecond).
 
+%% `ok' once Cond() holds, or `timeout' at Deadline (now_ms()).
+until(Cond, Deadline) ->
+    case Cond() orelse now_ms() > Deadline of
+        true -> case Cond() of true -> ok; false -> timeout end;
+        false -> timer:sleep(5), until(Cond, Deadline)
+    end.
+
 hostile_request() ->
     #{<<"body">> => kem_json:encode(#{<<"kernel-id">> => <<"hostile">>, <<"input-data">> => [1, 2, 3, 4]})}.
 
@@ -228,12 +235,18 @@ innocent_kernel_behind_a_suspended_owner_is_not_quarantined() ->
     {ok, Default} = application:get_env(kem, timeout),
     ok = application:set_env(kem, timeout, 1000),
     Self = self(),
+    [Port] = kem_sup:port_names(),
     try
         spawn(fun() -> Self ! {reader, kem:call(test_hook, {sleep_reader, 6000}, 20000)} end),
-        timer:sleep(100),
+        %% States, not sleeps: the hook is sent; then the filler's frame
+        %% waits in the port's queue behind the full pipe (the port is
+        %% busy: the owner's next port_command, the innocent call's,
+        %% suspends it).
+        ok = until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 1 end, now_ms() + 5000),
+        #{port := PortRef} = sys:get_state(Port),
         Big = crypto:strong_rand_bytes(8 bsl 20),
         spawn(fun() -> Self ! {filler, kem:execute(<<"double">>, Big, #{timeout => 20000})} end),
-        timer:sleep(200),
+        ok = until(fun() -> element(2, erlang:port_info(PortRef, queue_size)) > 4 bsl 20 end, now_ms() + 5000),
         Innocent = kem:execute(<<"double">>, <<1, 2, 3, 4>>, #{}),
         io:format(user, "~ninnocent call behind a suspended owner: ~p~n", [Innocent]),
         ?assertEqual({error, {timeout, <<"the port owner did not answer in time">>}}, Innocent),

@@ -222,10 +222,13 @@ kept_files_go_when_the_port_is_lost() ->
     [Port] = kem_sup:port_names(),
     Parent = self(),
     %% Two calls held on the port together: both slots taken, then kept.
-    Holder = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 1000}, 10000) end),
+    %% 3 s: both calls must reach the port while the hook holds the GPU
+    %% (a call answered first would free its slot for the other).
+    Holder = spawn(fun() -> kem:call(test_hook, {sleep_gpu, 3000}, 10000) end),
     ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 1 end, 5000),
     Kept = [crypto:strong_rand_bytes(?SLOT_MIN + K) || K <- [1, 2]],
     [spawn(fun() -> Parent ! {kept, I, kem:execute(?DOUBLE, I, #{output_size => 5})} end) || I <- Kept],
+    ok = wait_until(fun() -> maps:size(maps:get(pending, sys:get_state(Port))) >= 3 end, 5000),
     [receive {kept, I, R} -> ?assertEqual({ok, kem_ref:double_ref(I, 5)}, R) end || I <- Kept],
     ?assertEqual(32, length(payload_files())),
     ?assertNot(is_process_alive(Holder)),

@@ -41,9 +41,11 @@ kill_with_calls_in_flight() ->
     %% 64 KiB: the figure is the restart, not 100 MiB moving through a pipe.
     Input = crypto:strong_rand_bytes(64 bsl 10),
     Expected = kem_ref:double_ref(Input, byte_size(Input)),
-    %% The GPU thread sleeps 2 s (a test hook): the 100 calls queue behind
-    %% it in the port, all in flight when it is killed.
-    spawn(fun() -> kem_port:call(kem_port_1, test_hook, {sleep_gpu, 2000}, 30000) end),
+    %% The GPU thread sleeps (a test hook): the 100 calls queue behind it in
+    %% the port, all in flight when it is killed. 10 s, though the port is
+    %% killed sooner: 100 callers reaching a loaded machine's port can take
+    %% seconds, and a hook that ended first would let them be answered.
+    spawn(fun() -> kem_port:call(kem_port_1, test_hook, {sleep_gpu, 10000}, 30000) end),
     ok = all_reached(kem_port_1, 1, now_ms() + 5000),  % the hook first
     Callers = [spawn_link(fun() ->
                    Parent ! {self(), kem_port:call(kem_port_1, execute_kernel, {<<"double">>, Input, 1}, 30000)}
@@ -70,7 +72,9 @@ runaway_timeout() ->
     {ok, _} = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {1, 1, 1}}}, 60000),
     Spare = ready_spare(),
     Stuck = kem_port:os_pid(kem_port_1),
-    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}}, 500),
+    %% 2 s: the call must be on the GPU when its timer fires (then the port
+    %% is killed); under load the port may not have read it within 500 ms.
+    Result = kem_port:call(kem_port_1, execute, {<<"runaway">>, <<0:32>>, #{workgroups => {16384, 64, 1}}}, 2000),
     TimedOut = now_ms(),
     ?assertMatch({error, {timeout, _}}, Result),
     Back = first_success(kem_port_1, TimedOut + 10000),

@@ -45,14 +45,17 @@ stalled_gateway_is_answered_and_port_kept() ->
     [Port] = kem_sup:port_names(),
     OsPid = kem_port:os_pid(Port),
     T0 = now_ms(),
-    Result = kem:execute(?ID, <<1, 2, 3, 4>>, #{timeout => 1500}),
+    %% 5 s: the port keeps back 10% of it (500 ms) to answer before the
+    %% owner's timer; at 1.5 s, 150 ms had to cover the pipe and the port's
+    %% read too, which a loaded machine can take.
+    Result = kem:execute(?ID, <<1, 2, 3, 4>>, #{timeout => 5000}),
     Took = now_ms() - T0,
-    io:format(user, "~nstalled gateway, 1500 ms call timeout: ~p after ~b ms~n", [Result, Took]),
+    io:format(user, "~nstalled gateway, 5000 ms call timeout: ~p after ~b ms~n", [Result, Took]),
     ?assertMatch({error, {timeout, _}}, Result),
     {error, {timeout, Detail}} = Result,
     ?assertNotEqual(nomatch, binary:match(Detail, <<"GET /tx/", ?ID/binary>>)),
     %% The port answered by itself, before the owner's timer: no probe, no kill.
-    ?assert(Took < 1500),
+    ?assert(Took < 5000),
     ?assertEqual(OsPid, kem_port:os_pid(Port)),
     ?assertEqual({ok, <<2, 6, 10, 14>>}, kem:execute(<<"double">>, <<1, 3, 5, 7>>, #{})).
 
