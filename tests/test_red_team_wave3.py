@@ -187,7 +187,8 @@ def port(tmp_path_factory):
     for name, default in WG_DEFAULTS.items():
         (kernels / f"{name}.wgsl").write_text(f"override WG: u32 = {default};\n" + LOOP_900)
     for shape in LITERAL:
-        (kernels / f"{shape}_within.wgsl").write_text(literal_kernel(shape, 1024))  # 65,536 elements
+        (kernels / f"{shape}_within.wgsl").write_text(literal_kernel(shape, 128))  # 32 KiB: lavapipe's device limit
+        (kernels / f"{shape}_device.wgsl").write_text(literal_kernel(shape, 1024))  # 65,536 elements: 256 KiB
         (kernels / f"{shape}_over.wgsl").write_text(literal_kernel(shape, 65536))  # 16 MiB
     with start_port(KEM_KERNEL_DIR=str(kernels), KEM_CACHE_DIR=str(kernels / "cache")) as port:
         yield port
@@ -202,7 +203,12 @@ def test_workgroup_arrays_counted_by_their_elements_through_the_port(port, rng, 
         with pytest.raises(PortError) as err:
             port.call("execute", kernel.encode(), data.tobytes(), {"constants": {"N": n}})
         assert err.value.reason == "bad_args" and "var<workgroup> t" in err.value.detail, err.value.detail
-    for opts in ({}, {"constants": {"N": 1024}}):  # 1,024 x 64 = 65,536: within
+    # 1,024 x 64 = 65,536 elements: within kem's count, but 256 KiB, over
+    # any device's workgroup memory (an H100's port was stuck by it).
+    with pytest.raises(PortError) as err:
+        port.call("execute", kernel.encode(), data.tobytes(), {"constants": {"N": 1024}})
+    assert err.value.reason == "bad_args" and "262144 bytes of var<workgroup> memory" in err.value.detail, err.value.detail
+    for opts in ({}, {"constants": {"N": 128}}):  # 128 x 64 x 4 bytes = 32 KiB: lavapipe's limit
         out = np.frombuffer(port.call("execute", kernel.encode(), data.tobytes(), opts), np.float32)
         np.testing.assert_array_equal(out, data * 2)
 
@@ -248,6 +254,9 @@ def test_literal_workgroup_arrays_counted_through_aliases_structs_and_consts(por
     with pytest.raises(PortError) as err:
         port.call("execute", f"{shape}_over".encode(), data.tobytes(), {})
     assert err.value.reason == "kernel_rejected" and "var<workgroup> t holds 4194304 elements" in err.value.detail, err.value.detail
+    with pytest.raises(PortError) as err:  # within kem's count, over the device's bytes
+        port.call("execute", f"{shape}_device".encode(), data.tobytes(), {})
+    assert err.value.reason == "bad_kernel" and "262144 bytes of var<workgroup> memory" in err.value.detail, err.value.detail
     out = np.frombuffer(port.call("execute", f"{shape}_within".encode(), data.tobytes(), {}), np.float32)
     np.testing.assert_array_equal(out, data * 2)
 

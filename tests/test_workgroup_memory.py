@@ -111,7 +111,7 @@ def test_rewrite_ignores_comments_and_refuses_what_it_cannot_clear():
     # clearing statements member by member: refused past a bound, not built.
     ladder = "struct S0 { n: atomic<u32> }\n" + "".join(f"struct S{k} {{ a: S{k - 1}, b: S{k - 1} }}\n" for k in range(1, 13))
     with pytest.raises(KemError) as err:
-        zero_workgroup_memory(HEAD + ladder + "var<workgroup> s: S12;\n@compute @workgroup_size(1) fn main() {}")
+        zero_workgroup_memory(HEAD + ladder + "var<workgroup> s: S12;\n@compute @workgroup_size(1) fn main() { _ = &s; }")
     assert err.value.reason == "kernel_rejected"
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from kem_port.errors import KemError
+from kem_port.gpu.wgsl.wgsl_calls import used_names
 from kem_port.gpu.wgsl.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
 from kem_port.gpu.wgsl.wgsl_gas import gas_form
 from kem_port.gpu.wgsl.wgsl_reflect import _attributes, _parser
@@ -96,7 +97,15 @@ def zero_workgroup_memory(source: str) -> str:
     entries = 0
     for node in tree.root_node.children:
         if node.type == "function_declaration" and any(a == "compute" for a, _ in _attributes(node)):
-            edits.extend(_entry_edits(node, code, found))
+            # Only what the entry point can name: clearing every variable in
+            # every entry made each entry use them all, and a module of two
+            # entries with 24 KiB each asked 48 KiB of each workgroup
+            # (gpu/workgroup_limits.py holds the compiled text to the limit).
+            name = next((c.text.decode() for c in node.children if c.type == "identifier"), None)
+            used = used_names(code, name) if name is not None else None
+            mine = [var for var in found if used is None or var.name in used]
+            if mine:
+                edits.extend(_entry_edits(node, code, mine))
             entries += 1
     if entries != sequence_in(values, ("@", "compute")):
         # An entry point the tree did not read (an ERROR node) would run

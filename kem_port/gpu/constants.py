@@ -100,7 +100,7 @@ def known_ints(shape: KernelShape, values: dict[str, int | float]) -> dict[str, 
     known = {k: v for k, v in values.items() if type(v) is int}
     inits = shape.const_inits + shape.override_inits  # a const names consts only
     for _ in range(len(inits)):  # an override's default may name another's: WG / 2u
-        later = {name: _count(init, known) for name, init in inits if name not in values and name not in known}
+        later = {name: count_value(init, known) for name, init in inits if name not in values and name not in known}
         found = {name: number for name, number in later.items() if number is not None}
         if not found:
             break
@@ -188,10 +188,10 @@ def _count_of(text: str, ints: tuple[tuple[str, int], ...]) -> int | None:
     """_count, once per (count, values): a struct's count (up to 4 KiB of
     text) is shared by every variable of arrays of it, and 2,000 variables
     parsing it each took 5.7 s of admission (red team of wave 3)."""
-    return _count(text, dict(ints))
+    return count_value(text, dict(ints))
 
 
-def _count(text: str, values: dict[str, int | float]) -> int | None:
+def count_value(text: str, values: dict[str, int | float]) -> int | None:
     """An array count of integer literals, overrides' names and + - * / %
     (WGSL's integer division truncates) as a number; None when it holds
     anything else. At most MAX_COUNT_CHARS: a count is a few tokens, a
@@ -244,7 +244,7 @@ def workgroup_size(entry: EntryPoint, shape: KernelShape, values: dict[str, int 
     for arg in _top_level_args(entry.workgroup_size_text):
         text = arg.strip()
         number = known[text] if text in known else parse_int_literal(text)
-        number = _count(text, known) if number is None else number  # an expression: ~10 us, names and literals ~0.1
+        number = count_value(text, known) if number is None else number  # an expression: ~10 us, names and literals ~0.1
         if type(number) is not int or number < 1:
             return entry
         sizes.append(number)
@@ -263,22 +263,6 @@ def _top_level_args(text: str) -> list[str]:
             start = i + 1
     return args + [text[start:]]
 
-
-def check_workgroup_limits(entry: EntryPoint | None, limits) -> None:
-    """A workgroup size within the device's limits, checked by kem: wgpu
-    (wgpu-native 22 on lavapipe, limits 1024 a dimension and 1024 in all)
-    built and ran an override-sized @workgroup_size(WG) with WG = 4096
-    without a word, so an override's size is never left to it."""
-    if entry is None or entry.workgroup_size is None:
-        return
-    x, y, z = entry.workgroup_size
-    caps = [int(limits.get(f"max-compute-workgroup-size-{axis}", 0)) for axis in "xyz"]
-    total = int(limits.get("max-compute-invocations-per-workgroup", 0))
-    over = [f"{axis} {size} > {cap}" for axis, size, cap in zip("xyz", (x, y, z), caps) if cap and size > cap]
-    if total and x * y * z > total:
-        over.append(f"{x}x{y}x{z} = {x * y * z} invocations > {total}")
-    if over:
-        raise bad_args(f"@workgroup_size({entry.workgroup_size_text}) is ({x}, {y}, {z}): over this device's limits ({'; '.join(over)})")
 
 
 def resolve_entry(entry: EntryPoint | None, shape: KernelShape, given: tuple[tuple[str, int | float], ...] | None) -> EntryPoint | None:

@@ -20,7 +20,8 @@ from kem_port.errors import KemError
 from kem_port.gpu import contract
 from kem_port.gpu.kept import SHAPE_TEXT_BYTES, SHAPES, Kept
 from kem_port.gpu.calls import KernelCall
-from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
+from kem_port.gpu.constants import pipeline_constants, set_key
+from kem_port.gpu.workgroup_limits import check_workgroup_limits
 from kem_port.gpu.group.slot_dispatch import SlotForms
 from kem_port.gpu import gas_meter
 from kem_port.gpu.wgpu_private import serial_of
@@ -107,7 +108,7 @@ class Pipelines:
         self.stats.inc("pipeline_misses")
         shape = self._shape(source)
         entry = contract.check_layout(shape, call)
-        check_workgroup_limits(entry, device.limits)  # an override may size it past them (gpu/constants.py)
+        check_workgroup_limits(entry, device.limits, source.text, shape, call.constants)  # an override may size it past them
         started = time.perf_counter()
         constants = pipeline_constants(shape, call.constants)
         pipeline, layout, gas_layout = _compile(device, source, call.entry_point, shape, call.params is not None, constants)

@@ -31,7 +31,8 @@ from kem_port.gpu.native import NativePath
 from kem_port.gpu.kept import SHAPE_TEXT_BYTES, Kept
 from kem_port.gpu.named.named_pipelines import PIPELINES, NamedPipelines
 from kem_port.gpu.named.named_plan import PLANS, NamedPlan, given_keys, signature
-from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, resolve_entry, set_key
+from kem_port.gpu.constants import pipeline_constants, resolve_entry, set_key
+from kem_port.gpu.workgroup_limits import check_workgroup_limits
 from kem_port.gpu.pipelines import gpu_message
 from kem_port.gpu.wgsl.wgsl_calls import may_loop, used_names
 from kem_port.gpu.session.chain_budget import ChainBudget
@@ -150,7 +151,7 @@ class NamedRuns:
         if call.workgroups is None and call.grid is None:
             raise bad_args(NEEDS_DISPATCH)
         entry = resolve_entry(entry, shape, call.constants)  # an override may size the workgroup
-        check_workgroup_limits(entry, device.limits)
+        check_workgroup_limits(entry, device.limits, source.text, shape, call.constants)
         limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
         bound = plan_bindings(shape, call, limits, self._used(source, call.entry_point))
         check_sizes(bound)

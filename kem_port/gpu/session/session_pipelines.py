@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import wgpu
 
 from kem_port.errors import KemError
 from kem_port.gpu import contract, gas_meter
 from kem_port.gpu.kept import SHAPE_TEXT_BYTES, SHAPES, Kept
-from kem_port.gpu.constants import check_workgroup_limits, pipeline_constants, set_key
+from kem_port.gpu.constants import pipeline_constants, set_key
+from kem_port.gpu.workgroup_limits import check_workgroup_limits
 from kem_port.gpu.session import session_contract
 from kem_port.gpu.pipelines import compute_stage, gpu_message, named_shader
 from kem_port.gpu.session.session_contract import SessionLayout
@@ -81,7 +82,7 @@ class SessionPipelines:
         text, gas_group = gas_text(source)
         shape = self._shape(source, text)
         layout = session_contract.check_session_layout(shape, entry_point, params, constants, used_names(text, entry_point))
-        check_workgroup_limits(layout.entry, device.limits)  # once per pipeline: its constants set fixes the size
+        check_workgroup_limits(layout.entry, device.limits, text, self._shape(source), constants)  # once per pipeline
         if gas_group is not None:
             session_contract.check_gas_room(layout, params is not None)
         started = time.perf_counter()
@@ -126,7 +127,7 @@ def gas_text(source: KernelSource) -> tuple[str, int | None]:
 def own_shape(text: str) -> KernelShape:
     """reflect() of a text without the gas group's bindings (kem's): the kernel's own layout."""
     shape = reflect(text)
-    return KernelShape(shape.entry_points, tuple(b for b in shape.bindings if not b.name.startswith(PREFIX)), shape.overrides)
+    return replace(shape, bindings=tuple(b for b in shape.bindings if not b.name.startswith(PREFIX)))
 
 
 def _key(source: KernelSource, entry_point: str, params: bytes | None, constants: tuple | None) -> tuple:

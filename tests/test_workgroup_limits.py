@@ -1,0 +1,138 @@
+"""var<workgroup> memory held to the device's maxComputeWorkgroupStorageSize
+(gpu/workgroup_limits.py): wgpu-native does not hold it. lavapipe (32 KiB)
+ran 256 KiB; on an H100 (48 KiB) such a kernel's first call never returned
+and the port was stuck for good. Sizes by WGSL's layout rules, each
+variable the entry point uses rounded up to 16 bytes, checked on every road
+that builds a pipeline; kernels within the limit run and match numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import kernels_port
+from kem_port.client import PortError
+from kem_port.gpu.constants import count_value
+from kem_port.wire import terms
+from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_bytes
+
+LIMIT = 32768  # lavapipe's maxComputeWorkgroupStorageSize (an H100's is 49,152)
+
+# Sizes by the WGSL spec's "Alignment and Size" table, worked by hand.
+LAYOUTS = [
+    ("f32", 4), ("f16", 2), ("bool", 4), ("atomic<u32>", 4),
+    ("vec3<f32>", 12), ("vec3f", 12), ("vec2h", 4), ("vec4<i32>", 16),
+    ("mat3x3<f32>", 48), ("mat2x2f", 16), ("mat4x3h", 32), ("mat3x2<f32>", 24),
+    ("array<vec3<f32>, 3>", 48), ("array<f16, 3>", 6), ("array<array<f32, 4>, 8>", 128),
+    ("S", 32), ("array<S, 10>", 320), ("P", 80), ("array<P, 2>", 160), ("Row", 256), ("array<Row, 2u>", 512),
+    ("array<u32, ALL>", 4096), ("Q", 8),
+]
+TYPES = """
+struct S { a: f32, b: vec4<f32> }
+struct P { @size(64) v: array<u32, 4>, w: vec3f }
+struct Q { a: f16, @align(4) b: f16 }
+alias Row = array<f32, 64>;
+const ALL = 4u * 256u;
+"""
+
+
+def test_workgroup_bytes_follow_wgsl_layout_rules():
+    text = TYPES + "".join(f"var<workgroup> v{i}: {t};\n" for i, (t, _) in enumerate(LAYOUTS))
+    got = dict(workgroup_bytes(text + "@compute @workgroup_size(1) fn main() {}"))
+    assert [count_value(got[f"v{i}"], {}) for i in range(len(LAYOUTS))] == [size for _, size in LAYOUTS]
+
+
+def test_an_override_sized_array_is_an_expression_and_an_unknown_type_is_unread():
+    got = dict(workgroup_bytes("override N: u32 = 4;\nvar<workgroup> t: array<vec4f, max(N, 1u)>;\n"
+                               "var<workgroup> u: Mystery;\n@compute @workgroup_size(1) fn main() {}"))
+    assert got == {"t": "(max(N, 1u)) * 16", "u": None}
+
+
+HEAD = """@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+"""
+# b[i] = a[i] * 2 through workgroup memory of ROWS rows of 64 floats.
+BODY = """@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = gid.x;
+    t[ROWS_LAST][li] = a[min(i, arrayLength(&a) - 1u)];
+    workgroupBarrier();
+    if (i < arrayLength(&b)) { b[i] = t[ROWS_LAST][li] * 2.0; }
+}
+"""
+# Two entry points, each with its own 24 KiB: 48 KiB in the module, 24 KiB each.
+TWO = HEAD + """var<workgroup> left: array<f32, 6144>;
+var<workgroup> right: array<f32, 6144>;
+@compute @workgroup_size(64) fn twice(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    left[li * 96u] = a[min(g.x, arrayLength(&a) - 1u)];
+    workgroupBarrier();
+    if (g.x < arrayLength(&b)) { b[g.x] = left[li * 96u] * 2.0; }
+}
+@compute @workgroup_size(64) fn thrice(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    right[li * 96u] = a[min(g.x, arrayLength(&a) - 1u)];
+    workgroupBarrier();
+    if (g.x < arrayLength(&b)) { b[g.x] = right[li * 96u] * 3.0; }
+}
+"""
+
+
+def literal(rows: int) -> str:
+    return HEAD + f"var<workgroup> t: array<array<f32, 64>, {rows}>;\n" + BODY.replace("ROWS_LAST", f"{rows - 1}u")
+
+
+KERNELS = {
+    "rows_128": literal(128),  # 32 KiB: at lavapipe's limit
+    "rows_129": literal(129),  # 33,024 bytes: over it
+    "rows_1024": literal(1024),  # 256 KiB: stuck an H100's port
+    "by_override": "override N: u32 = 4;\n" + HEAD + "var<workgroup> t: array<array<f32, 64>, N>;\n"
+                   + BODY.replace("ROWS_LAST", "N - 1u"),
+    "two_entries": TWO,
+}
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    with kernels_port(tmp_path_factory.mktemp("wg_limits"), KERNELS) as p:
+        yield p
+
+
+def refusal(call) -> PortError:
+    with pytest.raises(PortError) as err:
+        call()
+    return err.value
+
+
+@pytest.mark.parametrize("n", [1, 200, 4096])
+def test_kernels_at_the_limit_run_on_every_road(port, rng, n):
+    data = rng.standard_normal(n).astype(np.float32)
+    want = (data * 2).tobytes()
+    assert port.call("execute", b"rows_128", data.tobytes(), {}) == want
+    assert port.call("execute", b"by_override", data.tobytes(), {"constants": {"N": 128}}) == want
+    named = port.call("run", b"rows_128", {b"a": data.tobytes()}, {"outputs": {b"b": data.nbytes}, "grid": (n, 1, 1)})
+    assert [terms.binary_bytes(v) for v in named.values()] == [want]
+    session = port.session_open()
+    assert session.call("by_override", data.tobytes(), constants={"N": 64}) == want
+    session.close()
+
+
+def test_memory_over_the_limit_is_refused_on_every_road_and_the_port_stays(port, rng):
+    data = rng.standard_normal(100).astype(np.float32).tobytes()
+    for kernel, size in (("rows_129", 33024), ("rows_1024", 262144)):
+        for call in (lambda: port.call("execute", kernel.encode(), data, {}),
+                     lambda: port.call("run", kernel.encode(), {b"a": data}, {"outputs": {b"b": 400}, "grid": (100, 1, 1)})):
+            err = refusal(call)
+            assert err.reason == "bad_kernel", err
+            assert f"uses {size} bytes of var<workgroup> memory (t {size};" in err.detail
+            assert f"limit of {LIMIT} bytes (maxComputeWorkgroupStorageSize)" in err.detail
+    for call in (lambda: port.call("execute", b"by_override", data, {"constants": {"N": 129}}),
+                 lambda: port.session_open().call("by_override", data, constants={"N": 1024})):
+        err = refusal(call)
+        assert err.reason == "bad_args" and err.detail.startswith("constants: entry point main uses"), err
+    assert port.call("execute", b"rows_128", data, {}) == (np.frombuffer(data, np.float32) * 2).tobytes()
+
+
+def test_each_entry_point_counts_only_the_memory_it_uses(port, rng):
+    data = rng.standard_normal(300).astype(np.float32)
+    for entry, factor in (("twice", 2), ("thrice", 3)):
+        out = port.call("execute", b"two_entries", data.tobytes(), {"entry_point": entry})
+        np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(factor))
