@@ -7,6 +7,7 @@ that builds a pipeline; kernels within the limit run and match numpy."""
 
 from __future__ import annotations
 
+import json
 import numpy as np
 import pytest
 
@@ -16,7 +17,6 @@ from kem_port.gpu.constants import count_value
 from kem_port.wire import terms
 from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_bytes
 
-LIMIT = 32768  # lavapipe's maxComputeWorkgroupStorageSize (an H100's is 49,152)
 
 # Sizes by the WGSL spec's "Alignment and Size" table, worked by hand.
 LAYOUTS = [
@@ -81,8 +81,7 @@ def literal(rows: int) -> str:
 
 
 KERNELS = {
-    "rows_128": literal(128),  # 32 KiB: at lavapipe's limit
-    "rows_129": literal(129),  # 33,024 bytes: over it
+    "rows_128": literal(128),  # 32 KiB: lavapipe's limit (an H100's is 48 KiB)
     "rows_1024": literal(1024),  # 256 KiB: stuck an H100's port
     "by_override": "override N: u32 = 4;\n" + HEAD + "var<workgroup> t: array<array<f32, 64>, N>;\n"
                    + BODY.replace("ROWS_LAST", "N - 1u"),
@@ -94,6 +93,12 @@ KERNELS = {
 def port(tmp_path_factory):
     with kernels_port(tmp_path_factory.mktemp("wg_limits"), KERNELS) as p:
         yield p
+
+
+@pytest.fixture(scope="module")
+def limit(port) -> int:
+    """This device's maxComputeWorkgroupStorageSize, as adapter_info reports it."""
+    return json.loads(port.call("adapter_info"))["limits"]["max_compute_workgroup_storage_size"]
 
 
 def refusal(call) -> PortError:
@@ -115,19 +120,20 @@ def test_kernels_at_the_limit_run_on_every_road(port, rng, n):
     session.close()
 
 
-def test_memory_over_the_limit_is_refused_on_every_road_and_the_port_stays(port, rng):
+def test_memory_over_the_limit_is_refused_on_every_road_and_the_port_stays(port, rng, limit):
     data = rng.standard_normal(100).astype(np.float32).tobytes()
-    for kernel, size in (("rows_129", 33024), ("rows_1024", 262144)):
-        for call in (lambda: port.call("execute", kernel.encode(), data, {}),
-                     lambda: port.call("run", kernel.encode(), {b"a": data}, {"outputs": {b"b": 400}, "grid": (100, 1, 1)})):
-            err = refusal(call)
-            assert err.reason == "bad_kernel", err
-            assert f"uses {size} bytes of var<workgroup> memory (t {size};" in err.detail
-            assert f"limit of {LIMIT} bytes (maxComputeWorkgroupStorageSize)" in err.detail
-    for call in (lambda: port.call("execute", b"by_override", data, {"constants": {"N": 129}}),
-                 lambda: port.session_open().call("by_override", data, constants={"N": 1024})):
+    for call in (lambda: port.call("execute", b"rows_1024", data, {}),
+                 lambda: port.call("run", b"rows_1024", {b"a": data}, {"outputs": {b"b": 400}, "grid": (100, 1, 1)})):
         err = refusal(call)
-        assert err.reason == "bad_args" and err.detail.startswith("constants: entry point main uses"), err
+        assert err.reason == "bad_kernel", err
+        assert "uses 262144 bytes of var<workgroup> memory (t 262144;" in err.detail
+        assert f"limit of {limit} bytes (maxComputeWorkgroupStorageSize)" in err.detail
+    at = limit // 256  # rows of 64 floats
+    assert port.call("execute", b"by_override", data, {"constants": {"N": at}}) == (np.frombuffer(data, np.float32) * 2).tobytes()
+    for call in (lambda: port.call("execute", b"by_override", data, {"constants": {"N": at + 1}}),
+                 lambda: port.session_open().call("by_override", data, constants={"N": at + 1})):
+        err = refusal(call)
+        assert err.reason == "bad_args" and err.detail.startswith(f"constants: entry point main uses {(at + 1) * 256} bytes"), err
     assert port.call("execute", b"rows_128", data, {}) == (np.frombuffer(data, np.float32) * 2).tobytes()
 
 

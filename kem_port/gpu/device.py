@@ -184,6 +184,7 @@ class Device:
                 "max_storage_buffer_binding_size": int(limits["max-storage-buffer-binding-size"]),
                 "max_buffer_size": int(limits["max-buffer-size"]),
                 "max_compute_workgroups_per_dimension": int(limits["max-compute-workgroups-per-dimension"]),
+                "max_compute_workgroup_storage_size": int(limits["max-compute-workgroup-storage-size"]),
                 "max_uniform_buffer_binding_size": int(limits["max-uniform-buffer-binding-size"]),
                 "max_output_bytes": self.config.max_output_bytes,
                 "max_input_bytes": self.config.max_input_bytes,
