@@ -122,15 +122,15 @@ def test_params_that_are_not_width_and_height_get_no_image_guess(rules_port, rng
 def test_the_1d_rule_counts_vec4_elements(rules_port, rng, count):
     data = rng.standard_normal(4 * count).astype(np.float32)
     out = rules_port.call("execute_kernel", b"scale4", data.tobytes(), 1)
-    np.testing.assert_allclose(np.frombuffer(out, np.float32), data * 3.0, rtol=1e-6)
+    np.testing.assert_allclose(np.frombuffer(out, np.float32), data * 3.0, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("count", [1, 31, 32, 500])
 def test_the_1d_rule_counts_struct_elements(rules_port, rng, count):
     data = rng.standard_normal((count, 4)).astype(np.float32)
     out = np.frombuffer(rules_port.call("execute_kernel", b"particles", data.tobytes(), 1), np.float32).reshape(count, 4)
-    np.testing.assert_allclose(out[:, :3], data[:, :3] + [1.0, 2.0, 3.0], rtol=1e-6)
-    np.testing.assert_allclose(out[:, 3], data[:, 3] * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(out[:, :3], data[:, :3] + [1.0, 2.0, 3.0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out[:, 3], data[:, 3] * 2.0, rtol=1e-6, atol=1e-6)
 
 
 def test_the_image_rule_still_runs_kem_at_1_0s_pixelize(rules_port, rng):

@@ -140,7 +140,7 @@ def test_pipelines_of_two_constant_sets_do_not_mix(port, rng):
     data = rng.standard_normal(500).astype(np.float32)
     for scale in (2.0, 3.0, 2.0, 3.0, -1.0, 2.0):
         out = port.call("execute", b"scaled", data.tobytes(), {"constants": {"SCALE": scale}})
-        np.testing.assert_allclose(np.frombuffer(out, np.float32), data * np.float32(scale) + 0.5, rtol=1e-6)
+        np.testing.assert_allclose(np.frombuffer(out, np.float32), data * np.float32(scale) + 0.5, rtol=1e-6, atol=1e-6)
 
 
 def test_a_missing_override_without_a_default_is_bad_args(port):
@@ -205,7 +205,7 @@ def test_the_cli_runs_with_grid_and_constants_and_check_names_the_grid_rule(tmp_
     scaled = kem(tmp_path, "run", str(tmp_path / "scaled.wgsl"), "--input", str(tmp_path / "x.bin"),
                  "--constant", "SCALE=1.5", "--constant", "BIAS=2", "--output", str(tmp_path / "y.bin"))
     assert scaled.returncode == 0, scaled.stderr
-    np.testing.assert_allclose(np.frombuffer((tmp_path / "y.bin").read_bytes(), np.float32), data * 1.5 + 2, rtol=1e-6)
+    np.testing.assert_allclose(np.frombuffer((tmp_path / "y.bin").read_bytes(), np.float32), data * 1.5 + 2, rtol=1e-6, atol=1e-6)
     missing = kem(tmp_path, "run", str(tmp_path / "scaled.wgsl"), "--input", str(tmp_path / "x.bin"))
     assert missing.returncode != 0 and b"SCALE" in missing.stderr
 

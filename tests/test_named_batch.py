@@ -107,4 +107,4 @@ def test_a_refused_call_in_a_batch_is_answered_and_the_others_run(port, rng):
             assert err.value.reason == "bad_args" and "'y'" in err.value.detail
         else:
             out = np.frombuffer(terms.binary_bytes(got.result(60)[terms.Binary(b"y")]), np.float32)
-            np.testing.assert_allclose(out, 3 * x, rtol=1e-6)
+            np.testing.assert_allclose(out, 3 * x, rtol=1e-6, atol=1e-6)

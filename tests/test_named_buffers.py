@@ -147,7 +147,7 @@ def test_an_in_place_buffer_comes_back_changed_and_the_uniform_sits_at_binding_0
     params = np.array([2.5], np.float32).tobytes() + np.array([n], np.uint32).tobytes()
     got = run(named_port, "axpy", {"params": params, "x": x.tobytes(), "y": y.tobytes()}, workgroups=groups_for(n, 64))
     assert list(got) == ["y"]
-    np.testing.assert_allclose(np.frombuffer(got["y"], np.float32), np.float32(2.5) * x + y, rtol=1e-6)
+    np.testing.assert_allclose(np.frombuffer(got["y"], np.float32), np.float32(2.5) * x + y, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [5, 96, 1001])
@@ -217,7 +217,7 @@ def test_a_host_template_runs_with_a_grid_and_its_constants(named_port, rng, n, 
     xs, ys = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     got = run(named_port, "saxpy_tmpl", {"xs": xs.tobytes(), "ys": ys.tobytes()}, grid=(n, 1, 1),
               constants={"WG": wg, "ALPHA": 1.5})
-    np.testing.assert_allclose(np.frombuffer(got["ys"], np.float32), np.float32(1.5) * xs + ys, rtol=1e-6)
+    np.testing.assert_allclose(np.frombuffer(got["ys"], np.float32), np.float32(1.5) * xs + ys, rtol=1e-6, atol=1e-6)
 
 
 def test_a_template_without_its_constant_or_with_two_dispatches_is_refused(named_port):

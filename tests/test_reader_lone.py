@@ -223,7 +223,7 @@ def test_only_the_reader_asks_whether_input_waits(tmp_path, rng):
         tag, got_id, (ok, value) = reader.reply()
         assert (tag, got_id, ok) == (terms.atom("reply"), req_id, terms.atom("ok")), value
         got = np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32)
-        np.testing.assert_allclose(got, np.float32(3.0) * x + y, rtol=1e-6)
+        np.testing.assert_allclose(got, np.float32(3.0) * x + y, rtol=1e-6, atol=1e-6)
     assert askers and set(askers) == {threading.current_thread().name}
 
 
@@ -258,7 +258,7 @@ def test_a_named_call_that_fails_before_it_runs_gives_its_share_back(tmp_path, r
     monkeypatch.undo()
     (ok, value), x, y = run_once()
     assert ok == terms.atom("ok")
-    np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32), np.float32(3.0) * x + y, rtol=1e-6)
+    np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32), np.float32(3.0) * x + y, rtol=1e-6, atol=1e-6)
     assert reader.held() == {"held_calls": 0, "held_bytes": 0}
 
 
@@ -288,5 +288,5 @@ def test_a_named_call_gives_its_share_back_before_its_reply_is_written(tmp_path,
         tag, got_id, (ok, value) = reader.reply()
         assert (tag, got_id, ok) == (terms.atom("reply"), req_id, terms.atom("ok")), value
         np.testing.assert_allclose(np.frombuffer(bytes(value[terms.Binary(b"y")].value), np.float32),
-                                   np.float32(2.5) * x + y, rtol=1e-6)
+                                   np.float32(2.5) * x + y, rtol=1e-6, atol=1e-6)
     assert len(seen) == 3 and all(held == {"held_calls": 0, "held_bytes": 0} for held in seen), seen
