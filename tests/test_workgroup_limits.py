@@ -15,7 +15,7 @@ from conftest import kernels_port
 from kem_port.client import PortError
 from kem_port.gpu.constants import count_value
 from kem_port.wire import terms
-from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_bytes
+from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
 
 
 # Sizes by the WGSL spec's "Alignment and Size" table, worked by hand.
@@ -26,6 +26,8 @@ LAYOUTS = [
     ("array<vec3<f32>, 3>", 48), ("array<f16, 3>", 6), ("array<array<f32, 4>, 8>", 128),
     ("S", 32), ("array<S, 10>", 320), ("P", 80), ("array<P, 2>", 160), ("Row", 256), ("array<Row, 2u>", 512),
     ("array<u32, ALL>", 4096), ("Q", 8),
+    # What a stranger could use to hide bytes (attack on the first version):
+    ("Big", 65536), ("vec4f", 4000), ("array<u32, 0x100>", 1024), ("Tiles", 1024),
 ]
 TYPES = """
 struct S { a: f32, b: vec4<f32> }
@@ -33,6 +35,11 @@ struct P { @size(64) v: array<u32, 4>, w: vec3f }
 struct Q { a: f16, @align(4) b: f16 }
 alias Row = array<f32, 64>;
 const ALL = 4u * 256u;
+const HUGE = 65536;
+struct Big { @size(HUGE) a: f32 }
+struct vec4f { a: array<f32, 1000> }
+const K = 0x40u;
+struct Tiles { a: array<f32, K * 2u>, b: array<f32, 128> }
 """
 
 
@@ -44,8 +51,9 @@ def test_workgroup_bytes_follow_wgsl_layout_rules():
 
 def test_an_override_sized_array_is_an_expression_and_an_unknown_type_is_unread():
     got = dict(workgroup_bytes("override N: u32 = 4;\nvar<workgroup> t: array<vec4f, max(N, 1u)>;\n"
-                               "var<workgroup> u: Mystery;\n@compute @workgroup_size(1) fn main() {}"))
-    assert got == {"t": "(max(N, 1u)) * 16", "u": None}
+                               "var<workgroup> u: Mystery;\nstruct W { @size(f()) a: f32 }\nvar<workgroup> w: W;\n"
+                               "@compute @workgroup_size(1) fn main() {}"))
+    assert got == {"t": "(max(N, 1u)) * 16", "u": None, "w": None}  # an @size kem cannot read could hide bytes
 
 
 HEAD = """@group(0) @binding(0) var<storage, read> a: array<f32>;

@@ -18,13 +18,13 @@ N's digits, any other by its name.
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 from dataclasses import replace
 from functools import lru_cache
 
 from kem_port.errors import bad_args, first_names
+from kem_port.gpu.wgsl.wgsl_counts import count_value
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape, Override, parse_int_literal
 
 INTEGER_RANGES = {"u32": (0, 2**32 - 1), "i32": (-(2**31), 2**31 - 1)}
@@ -37,11 +37,7 @@ FLOAT_MAX = {"f32": 3.4028234663852886e38, "f16": 65504.0}
 MAX_WORKGROUP_ELEMENTS = 65_536
 _ARRAY = re.compile(r"array\s*<(.*)>", re.S)
 _OVERRIDE_NAME = re.compile(r"\b[A-Za-z_]\w*")
-_COUNT_TOKENS = re.compile(r"\s*(?:([0-9]+)[ui]?|([A-Za-z_][A-Za-z0-9_]*)|([-+*/%(),]))")
-MAX_COUNT_CHARS = 8192
 _CALLS = re.compile(r"\b(?:min|max)\s*(?=\()")  # the builtins a count may call (WGSL's min/max of integers)
-_COUNT_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.FloorDiv: lambda a, b: int(a / b), ast.Mod: lambda a, b: int(math.fmod(a, b))}  # WGSL truncates
 
 
 def pipeline_constants(shape: KernelShape, given: tuple[tuple[str, int | float], ...] | None) -> dict[str, float]:
@@ -189,44 +185,6 @@ def _count_of(text: str, ints: tuple[tuple[str, int], ...]) -> int | None:
     text) is shared by every variable of arrays of it, and 2,000 variables
     parsing it each took 5.7 s of admission (red team of wave 3)."""
     return count_value(text, dict(ints))
-
-
-def count_value(text: str, values: dict[str, int | float]) -> int | None:
-    """An array count of integer literals, overrides' names and + - * / %
-    (WGSL's integer division truncates) as a number; None when it holds
-    anything else. At most MAX_COUNT_CHARS: a count is a few tokens, a
-    struct's (wgsl_workgroup.py) its members' counts summed."""
-    parts, at = [], 0
-    while at < len(text.rstrip()) and len(text) <= MAX_COUNT_CHARS:
-        token = _COUNT_TOKENS.match(text, at)
-        if token is None:
-            return None
-        literal, ident, op = token.groups()
-        if ident in ("min", "max"):
-            parts.append(ident)
-        elif ident is not None and type(values.get(ident)) is not int:
-            return None
-        else:
-            parts.append(literal or (str(values[ident]) if ident else ("//" if op == "/" else op)))
-        at = token.end()
-    try:
-        return _evaluate(ast.parse(" ".join(parts), mode="eval").body) if parts else None
-    except (SyntaxError, ZeroDivisionError, ValueError, OverflowError, RecursionError, MemoryError):
-        return None
-
-
-def _evaluate(node: ast.AST) -> int:
-    """An integer expression's value: literals, + - * / %, unary minus and min/max of two."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand)
-    if isinstance(node, ast.BinOp) and type(node.op) in _COUNT_OPS:
-        return _COUNT_OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max") \
-            and len(node.args) == 2 and not node.keywords:
-        return (min if node.func.id == "min" else max)(_evaluate(node.args[0]), _evaluate(node.args[1]))
-    raise ValueError("not an integer count")
 
 
 def workgroup_size(entry: EntryPoint, shape: KernelShape, values: dict[str, int | float]) -> EntryPoint:

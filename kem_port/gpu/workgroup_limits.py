@@ -26,7 +26,7 @@ from kem_port.errors import KemError, bad_args
 from kem_port.gpu.constants import count_value, known_ints, resolved
 from kem_port.gpu.wgsl.wgsl_calls import used_names
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape
-from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_bytes
+from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
 
 STORAGE_LIMIT = "max-compute-workgroup-storage-size"
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -12,7 +12,6 @@ import re
 
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_canonical import canonical, tokens
-from kem_port.gpu.wgsl.wgsl_layout import _SCALARS, _SHORT_MAT, _SHORT_VEC, _SUFFIX, _matrix, _round, _vector
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _NAME = re.compile(_IDENT)
@@ -26,10 +25,6 @@ MAX_ALIAS_STEPS = 16  # real kernels alias a type once or twice; a longer chain 
 MAX_REPLACED_CHARS = 1 << 20
 MAX_STRUCT_CHARS = 4096  # a struct's element count as text: members' counts summed (memoised, so a struct is written once)
 UNREAD = "array<u32, ?>"  # a count constants.py cannot read
-_VEC = re.compile(r"vec([234])\s*<\s*(\w+)\s*>")
-_MAT = re.compile(r"mat([234])x([234])\s*<\s*(\w+)\s*>")
-_ATOMIC = re.compile(r"atomic\s*<\s*(?:u32|i32)\s*>")
-_MEMBER_ATTR = re.compile(r"@\s*(size|align)\s*\(\s*([0-9]+)[ui]?\s*\)")
 
 
 def workgroup_vars(source: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
@@ -187,29 +182,6 @@ def _product(text: str) -> str:
     return " * ".join(counts) or "1"
 
 
-def workgroup_bytes(source: str) -> tuple[tuple[str, str | None], ...]:
-    """(name, size in bytes) of each module-scope var<workgroup>, by WGSL's
-    layout rules (alignment and size of scalars, vectors, matrices, atomics,
-    arrays and structs with their @size/@align), aliases followed and consts
-    replaced. A size is text: an override-sized array's is an expression
-    (``(N) * 256``) that gpu/workgroup_limits.py evaluates per constants
-    set; None where kem cannot read the type. Read on the canonical text, as
-    workgroup_vars is."""
-    try:
-        code = canonical(source)
-        found_decls = _declarations(code)
-    except KemError:
-        return ()
-    structs = {m.group(1): _struct_members(m.group(2)) for m in _STRUCT.finditer(code)}
-    sizes = _Bytes(found_decls["alias"], structs)
-    budget = [MAX_REPLACED_CHARS]
-    found = []
-    for name, type_text in found_decls["workgroup"].items():
-        layout = sizes.layout(_replace_consts(type_text, found_decls["const"], budget))
-        found.append((name, None if layout is None else layout[1]))
-    return tuple(found)
-
-
 def _struct_members(body: str) -> tuple[tuple[str, str], ...]:
     """(attributes, type text) of each member of a struct body."""
     members, depth, start = [], 0, 0
@@ -222,75 +194,3 @@ def _struct_members(body: str) -> tuple[tuple[str, str], ...]:
                 members.append((head, " ".join(type_text.split())))
             start = i + 1
     return tuple(members)
-
-
-class _Bytes:
-    """(align, size text) of a type, by the WGSL spec's "Alignment and
-    Size" table; None for what it cannot read (an unknown name, a count
-    it cannot write, a nesting past MAX_ALIAS_STEPS)."""
-
-    def __init__(self, aliases: dict[str, str], structs: dict[str, tuple[tuple[str, str], ...]]) -> None:
-        self.aliases, self.structs = aliases, structs
-        self.done: dict[str, tuple[int, str] | None] = {}
-
-    def layout(self, text: str, steps: int = MAX_ALIAS_STEPS) -> tuple[int, str] | None:
-        text = _followed(text, self.aliases)
-        if steps <= 0 or text == UNREAD:
-            return None
-        fixed = _fixed(text)
-        if fixed is not None:
-            return fixed[0], str(fixed[1])
-        split = _split_array(text)
-        if split is not None:
-            element = self.layout(split[0], steps - 1)
-            if element is None or not split[1]:
-                return None
-            align, size = element
-            # An array's stride is its element's size rounded to its alignment;
-            # an element of expression size is an array already a multiple of it.
-            stride = str(_round(int(size), align)) if size.isdigit() else f"({size})"
-            count = split[1].strip("() ").rstrip("ui")
-            if count.isdigit() and stride.isdigit():
-                return align, str(int(count) * int(stride))
-            return align, f"({split[1]}) * {stride}"
-        if text not in self.structs:
-            return None
-        if text not in self.done:
-            self.done[text] = None  # a struct cannot hold itself
-            self.done[text] = self._struct(self.structs[text], steps)
-        return self.done[text]
-
-    def _struct(self, members: tuple[tuple[str, str], ...], steps: int) -> tuple[int, str] | None:
-        offset, largest = 0, 1
-        for head, type_text in members:
-            member = self.layout(type_text, steps - 1)
-            if member is None or not member[1].isdigit():
-                return None  # WGSL sizes a struct's members by creation-fixed types only
-            attrs = {k: int(v) for k, v in _MEMBER_ATTR.findall(head)}
-            align, size = attrs.get("align", member[0]), attrs.get("size", int(member[1]))
-            offset, largest = _round(offset, align) + size, max(largest, align)
-        return largest, str(_round(offset, largest))
-
-
-def _fixed(text: str) -> tuple[int, int] | None:
-    """A scalar's, vector's, matrix's or atomic's (align, size); None for any other type."""
-    if text in _SCALARS or text == "bool":
-        size = _SCALARS.get(text, 4)
-        return size, size
-    if _ATOMIC.fullmatch(text):
-        return 4, 4
-    for pattern, short in ((_VEC, _SHORT_VEC), (_MAT, _SHORT_MAT)):
-        long_form, short_form = pattern.fullmatch(text), short.fullmatch(text)
-        if long_form is None and short_form is None:
-            continue
-        if long_form is not None:
-            *dims, scalar_name = long_form.groups()
-            scalar = _SCALARS.get(scalar_name) if scalar_name != "bool" else 4
-        else:
-            *dims, suffix = short_form.groups()
-            scalar = _SUFFIX[suffix]
-        if scalar is None:
-            return None
-        sizes = [int(d) for d in dims]
-        return _vector(sizes[0], scalar) if len(sizes) == 1 else _matrix(sizes[0], sizes[1], scalar)
-    return None
