@@ -56,22 +56,27 @@ def workgroup_vars(source: str) -> tuple[tuple[tuple[str, str], ...], tuple[tupl
 def _declarations(code: str) -> dict[str, dict[str, str]]:
     """In one pass over the tokens, each statement read once: every
     ``var<workgroup> NAME: TYPE`` (TYPE), ``alias NAME = TYPE``, ``const``
-    and ``override`` ``NAME [: T] = INIT`` (INIT; the first of a name:
-    module scope comes before functions that shadow it), texts with blanks
+    and ``override`` ``NAME [: T] = INIT`` (INIT) outside braces (WGSL's
+    module scope has no order: a function's own const N may come first and
+    is not the N a type names), texts with blanks
     made single spaces. Regexes over the text did this before, and each
     declaration without its ';' rescanned the rest of the kernel: 20,000
     lines of ``var<workgroup>a:`` (340 KB) took 40 s (red team of wave 3)."""
     toks = list(tokens(code))
     values = [value for _, value, _ in toks]
     found: dict[str, dict[str, str]] = {"workgroup": {}, "alias": {}, "const": {}, "override": {}}
-    i, n = 0, len(values)
+    i, n, depth = 0, len(values), 0
     while i < n:
         value, start, kind = values[i], i + 2, ""
-        if value == "var" and values[i + 1 : i + 4] == ["<", "workgroup", ">"]:
+        # Inside braces (a function) nothing is module scope: a function's
+        # const N = 2 written before the module's const N = 16384 sized
+        # array<f32, N> as 4 bytes, not 65,536 (red team 9).
+        if depth == 0 and value == "var" and values[i + 1 : i + 4] == ["<", "workgroup", ">"]:
             kind, start = "workgroup", i + 4
-        elif value in ("alias", "const", "override"):
+        elif depth == 0 and value in ("alias", "const", "override"):
             kind, start = value, i + 1
         if not kind:
+            depth += (value == "{") - (value == "}")
             i += 1
             continue
         end = start
@@ -103,8 +108,8 @@ def _replace_consts(text: str, consts: dict[str, str], budget: list[int]) -> str
 
 
 def module_consts(source: str) -> tuple[tuple[str, str], ...]:
-    """(name, initializer text) of each module-scope const (the first of a
-    name: module scope comes before functions that shadow it); () for text
+    """(name, initializer text) of each module-scope const (outside braces,
+    whatever functions declare before it); () for text
     the lexer refuses."""
     try:
         return tuple(_declarations(canonical(source))["const"].items())

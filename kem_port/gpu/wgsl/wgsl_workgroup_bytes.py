@@ -8,6 +8,7 @@ wgsl_workgroup.py reads them, on the canonical text.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_canonical import canonical
@@ -67,7 +68,7 @@ class _Bytes:
                 self.done[text] = None  # a struct cannot hold itself
                 self.done[text] = self._struct(self.structs[text], steps)
             return self.done[text]
-        fixed = _fixed(text)
+        fixed = _fixed(text, self._scalar)
         if fixed is not None:
             return fixed[0], str(fixed[1])
         split = _split_array(text)
@@ -84,6 +85,15 @@ class _Bytes:
         if count is not None and stride.isdigit():
             return align, str(count * int(stride))
         return align, f"({split[1]}) * {stride}"
+
+    def _scalar(self, name: str) -> int | None:
+        """A vector's or matrix's scalar name, aliases followed: a kernel may
+        shadow f16 (alias f16 = f32; naga lays vec4<f16> out as 16 bytes:
+        read as 8, 4,096 of them counted 32 KiB of 64, red team 9)."""
+        name = _followed(name, self.aliases)
+        if name in self.structs:
+            return None
+        return 4 if name == "bool" else _SCALARS.get(name)
 
     def _struct(self, members: tuple[tuple[str, str], ...], steps: int) -> tuple[int, str] | None:
         offset, largest = 0, 1
@@ -105,8 +115,9 @@ class _Bytes:
         return largest, str(_round(offset, largest))
 
 
-def _fixed(text: str) -> tuple[int, int] | None:
-    """A scalar's, vector's, matrix's or atomic's (align, size); None for any other type."""
+def _fixed(text: str, scalar_of: Callable[[str], int | None]) -> tuple[int, int] | None:
+    """A scalar's, vector's, matrix's or atomic's (align, size); None for
+    any other type. scalar_of sizes a long form's scalar name (vec4<T>)."""
     if text in _SCALARS or text == "bool":
         size = _SCALARS.get(text, 4)
         return size, size
@@ -118,7 +129,7 @@ def _fixed(text: str) -> tuple[int, int] | None:
             continue
         if long_form is not None:
             *dims, scalar_name = long_form.groups()
-            scalar = _SCALARS.get(scalar_name) if scalar_name != "bool" else 4
+            scalar = scalar_of(scalar_name)
         else:
             *dims, suffix = short_form.groups()
             scalar = _SUFFIX[suffix]

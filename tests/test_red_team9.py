@@ -1,0 +1,127 @@
+"""Red team 9: the workgroup-memory byte count (gpu/wgsl/wgsl_workgroup_bytes.py,
+gpu/workgroup_limits.py). Each finding is a kernel naga accepts whose memory
+by WGSL's layout rules is over the device's maxComputeWorkgroupStorageSize
+(lavapipe 32 KiB, an H100 48 KiB) while kem counted less and let it run;
+each is refused now, and its within-limit twin runs and matches numpy.
+
+1. A function-scope ``const`` read as the module's: WGSL's module scope has
+   no order, so ``fn f() { const N = 2; } const N = 16384;`` is valid, and
+   the declaration reader took the first ``N`` it met (the function's):
+   ``array<f32, N>`` counted 4 bytes, 65,536 real. The same hid an
+   ``override N``; an ``@workgroup_size(W)`` of a module const was read
+   as 2 too, but wgpu-native holds const workgroup sizes itself.
+2. A scalar name shadowed by an alias inside a vector or matrix:
+   ``alias f16 = f32; array<vec4<f16>, 4096>`` was sized as f16 vectors
+   (32,768 bytes, at lavapipe's limit) where naga lays out f32 (65,536).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import kernels_port
+from kem_port.client import PortError
+from kem_port.gpu.constants import count_value
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
+from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
+
+HEAD = """@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> b: array<f32>;
+"""
+ENTRY = """@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    STORE
+    workgroupBarrier();
+    if (g.x < arrayLength(&b)) { b[g.x] = LOAD * scale(); }
+}
+"""
+X = "a[min(g.x, arrayLength(&a) - 1u)]"
+
+
+def kernel(decls: str, store: str, load: str) -> str:
+    return HEAD + decls + ENTRY.replace("STORE", store).replace("LOAD", load)
+
+
+def local_const(n: int) -> str:
+    # The function's const N comes first in the text; the module's N sizes t.
+    return kernel(f"fn scale() -> f32 {{ const N = 2; return f32(N); }}\nconst N = {n};\nvar<workgroup> t: array<f32, N>;\n",
+                  f"t[li * {n // 64}u] = {X};", f"t[li * {n // 64}u]")
+
+
+def local_over_override(n: int) -> str:
+    return kernel(f"fn scale() -> f32 {{ const N = 2u; return f32(N); }}\noverride N: u32 = {n}u;\n"
+                  "var<workgroup> t: array<f32, N>;\n", f"t[li * {n // 64}u] = {X};", f"t[li * {n // 64}u]")
+
+
+def alias_vec(n: int) -> str:
+    return kernel(f"fn scale() -> f32 {{ return 2.0; }}\nalias f16 = f32;\nvar<workgroup> t: array<vec4<f16>, {n}>;\n",
+                  f"t[li * {n // 64}u] = vec4<f16>({X});", f"t[li * {n // 64}u].w")
+
+
+def alias_mat(n: int) -> str:
+    return kernel(f"fn scale() -> f32 {{ return 2.0; }}\nalias f16 = f32;\nvar<workgroup> t: array<mat4x4<f16>, {n}>;\n",
+                  f"t[li * {n // 64}u][3] = vec4<f32>({X});", f"t[li * {n // 64}u][3].z")
+
+
+WORKGROUP_CONST = HEAD + """fn scale() -> f32 { const W = 2; return f32(W); }
+const W = 4096;
+@compute @workgroup_size(W) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (g.x < arrayLength(&b)) { b[g.x] = a[min(g.x, arrayLength(&a) - 1u)] * scale(); }
+}
+"""
+
+# name: (kernel over every device's limit, its real bytes, its twin within lavapipe's 32 KiB)
+OVER = {
+    "local_const": (local_const(16384), 65536, local_const(4096)),
+    "local_over_override": (local_over_override(16384), 65536, local_over_override(4096)),
+    "alias_vec": (alias_vec(4096), 65536, alias_vec(1024)),
+    "alias_mat": (alias_mat(1024), 65536, alias_mat(256)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVER))
+def test_workgroup_bytes_are_naga_s_layout(name):
+    over, real, within = OVER[name]
+    got = dict(workgroup_bytes(over))
+    assert count_value(got["t"], {"N": 16384}) == real  # before: 4, 4, 32768, 32768
+    assert count_value(dict(workgroup_bytes(within))["t"], {"N": 4096}) == real // 4
+
+
+def test_a_module_const_sizes_the_workgroup_not_a_function_s():
+    entry = reflect(WORKGROUP_CONST).entry_points["main"]
+    assert dict(reflect(WORKGROUP_CONST).const_inits)["W"] == "4096"  # before: "2" (the function's)
+    assert entry.workgroup_size_text == "W"
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    kernels = {f"{name}_over": k[0] for name, k in OVER.items()} | {f"{name}_within": k[2] for name, k in OVER.items()}
+    kernels["workgroup_const"] = WORKGROUP_CONST
+    with kernels_port(tmp_path_factory.mktemp("red9"), kernels) as p:
+        yield p
+
+
+@pytest.mark.parametrize("name", sorted(OVER))
+def test_over_the_limit_is_refused_and_the_twin_runs(port, rng, name):
+    for n in (1, 100, 1000):
+        data = rng.standard_normal(n).astype(np.float32)
+        out = port.call("execute", f"{name}_within".encode(), data.tobytes(), {})
+        np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(2))
+    with pytest.raises(PortError) as err:
+        port.call("execute", f"{name}_over".encode(), data.tobytes(), {})
+    assert err.value.reason in ("bad_kernel", "bad_args"), err.value  # bad_args where an override sizes it
+    assert f"uses {OVER[name][1]} bytes of var<workgroup> memory" in err.value.detail, err.value
+
+
+def test_a_workgroup_size_of_a_module_const_is_held_to_the_device(port, rng):
+    """Not a finding: wgpu-native itself holds a const-sized workgroup to
+    the device (it lets only override-sized ones through, which kem
+    resolves), so the function's W = 2 read as the module's changed no
+    outcome; reflect reads the module's W now (test above)."""
+    with pytest.raises(PortError) as err:
+        port.call("execute", b"workgroup_const", rng.standard_normal(10).astype(np.float32).tobytes(), {})
+    assert err.value.reason == "bad_kernel" and "max_compute_invocations_per_workgroup` of 1024" in err.value.detail, err.value
+    data = rng.standard_normal(50).astype(np.float32)
+    out = port.call("execute", b"local_const_within", data.tobytes(), {})
+    np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(2))
