@@ -125,3 +125,83 @@ def test_a_workgroup_size_of_a_module_const_is_held_to_the_device(port, rng):
     data = rng.standard_normal(50).astype(np.float32)
     out = port.call("execute", b"local_const_within", data.tobytes(), {})
     np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(2))
+
+
+# 3. A var template naga reads but kem's readers did not: var<(workgroup)>
+# (and var<workgroup,>). The byte count saw no variable (64 KiB ran), and
+# the clearing saw none either (its token count, regex and reader all
+# missed it): a reader that never writes its workgroup memory read the
+# previous caller's secrets on lavapipe. Both are refused now.
+U32_HEAD = """@group(0) @binding(0) var<storage, read> inp: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+"""
+WRITER = U32_HEAD + """var<workgroup> secret: array<u32, 256>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    secret[i] = inp[w.x * 256u + i];
+    workgroupBarrier();
+    out[w.x * 256u + i] = secret[255u - i];
+}
+"""
+TEMPLATES = ("var<(workgroup)>", "var<((workgroup))>", "var<workgroup,>")
+
+
+def hidden_reader(template: str) -> str:
+    return U32_HEAD + f"""{template} secret: array<u32, 256>;
+@compute @workgroup_size(16, 16)
+fn main(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>) {{
+    let i = l.x + l.y * 16u;
+    out[w.x * 256u + i] = secret[i] | (inp[0] & 0u);
+}}
+"""
+
+
+def hidden_big(template: str) -> str:
+    return kernel(f"fn scale() -> f32 {{ return 2.0; }}\n{template} t: array<f32, 16384>;\n", f"t[li * 256u] = {X};", "t[li * 256u]")
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_every_workgroup_template_is_counted_or_refused(template):
+    from kem_port.admission.zeroing import zero_workgroup_memory
+    from kem_port.errors import KemError
+    from kem_port.gpu.workgroup_limits import check_workgroup_limits
+    text = hidden_big(template)
+    shape = reflect(text)
+    with pytest.raises(KemError) as err:
+        check_workgroup_limits(shape.entry_points["main"], {"max-compute-workgroup-storage-size": 32768}, text, shape, None)
+    assert err.value.reason == "bad_kernel" and "a var<workgroup> declaration kem cannot read" in err.value.detail
+    with pytest.raises(KemError) as err:
+        zero_workgroup_memory(hidden_reader(template))
+    assert err.value.reason == "kernel_rejected"
+
+
+@pytest.fixture(scope="module")
+def hidden_port(tmp_path_factory):
+    kernels = {"wg_write": WRITER} | {f"hidden_{i}": hidden_reader(t) for i, t in enumerate(TEMPLATES)}
+    with kernels_port(tmp_path_factory.mktemp("red9_hidden"), kernels) as p:
+        yield p
+
+
+@pytest.mark.parametrize("index", range(len(TEMPLATES)))
+def test_a_hidden_workgroup_template_never_reads_the_previous_caller(hidden_port, rng, index):
+    for groups in (4, 8, 4):  # a leak shows in most rounds on lavapipe, not all
+        secret = rng.integers(1, 2**32, 256 * groups, dtype=np.uint32)
+        written = np.frombuffer(hidden_port.call("execute_kernel", b"wg_write", secret.tobytes(), 1), np.uint32)
+        assert np.array_equal(written, secret.reshape(groups, 256)[:, ::-1].ravel())
+        with pytest.raises(PortError) as err:  # before: var<(workgroup)> ran uncleared and read the secret back
+            hidden_port.call("execute", f"hidden_{index}".encode(), bytes(1024 * groups), {"workgroups": (groups, 1, 1)})
+        assert err.value.reason == "kernel_rejected", err.value
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_a_hidden_template_over_the_limit_is_refused_without_the_clearing(tmp_path, rng, template):
+    """KEM_ZERO_WORKGROUP=off (or auto on an adapter that does not leak, as
+    a GPU may not): the byte count alone stands between it and the GPU."""
+    kernels = {"big": hidden_big(template), "within": local_const(4096)}
+    with kernels_port(tmp_path, kernels, KEM_ZERO_WORKGROUP="off") as port:
+        data = rng.standard_normal(300).astype(np.float32)
+        out = port.call("execute", b"within", data.tobytes(), {})
+        np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(2))
+        with pytest.raises(PortError) as err:  # before: 65,536 bytes ran
+            port.call("execute", b"big", data.tobytes(), {})
+        assert err.value.reason == "bad_kernel" and "a var<workgroup> declaration kem cannot read" in err.value.detail, err.value

@@ -34,6 +34,7 @@ from kem_port.errors import KemError
 from kem_port.gpu.wgsl.wgsl_calls import used_names
 from kem_port.gpu.wgsl.wgsl_canonical import canonical, names_declared_in, sequence_in, token_values
 from kem_port.gpu.wgsl.wgsl_gas import gas_form
+from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_templates
 from kem_port.gpu.wgsl.wgsl_reflect import _attributes, _parser
 from kem_port.admission.zeroing_types import ARRAY, ATOMIC, IDENT, Types, cannot_clear, clear_parts, split_last_arg
 
@@ -69,7 +70,7 @@ def workgroup_vars(code: str, values: list[str]) -> list[WorkgroupVar]:
     # unmatched, counted below, and refused as before.
     searched = code[: code.rfind(";") + 1]
     found = [WorkgroupVar(m.group(1), " ".join(m.group(2).split())) for m in _WORKGROUP_VAR.finditer(searched)]
-    declared = sequence_in(values, ("var", "<", "workgroup"))
+    declared = workgroup_templates(values)  # var<(workgroup)> too, which naga takes (red team 9)
     if len(found) != len(_WORKGROUP_ANY.findall(code)) or len(found) != declared:
         raise KemError("kernel_rejected", "a var<workgroup> declaration kem cannot clear on this adapter")
     return found

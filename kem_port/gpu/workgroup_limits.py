@@ -26,6 +26,8 @@ from kem_port.errors import KemError, bad_args
 from kem_port.gpu.constants import count_value, known_ints, resolved
 from kem_port.gpu.wgsl.wgsl_calls import used_names
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape
+from kem_port.gpu.wgsl.wgsl_canonical import token_values
+from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_templates
 from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
 
 STORAGE_LIMIT = "max-compute-workgroup-storage-size"
@@ -60,6 +62,9 @@ def _check_storage(entry: str, limits, text: str, shape: KernelShape, given: tup
     if not limit or "workgroup" not in text:
         return
     variables = _used_sizes(text, entry)
+    if variables is None:
+        raise KemError("bad_kernel", "a var<workgroup> declaration kem cannot read (write it var<workgroup> NAME: TYPE;) "
+                                     f"to hold the workgroup's memory to this device's limit of {limit} bytes")
     if not variables:
         return
     values = known_ints(shape, resolved(shape, given)) if shape.overrides else {}
@@ -81,10 +86,18 @@ def _check_storage(entry: str, limits, text: str, shape: KernelShape, given: tup
 
 
 @lru_cache(maxsize=32)  # texts of up to 1 MiB (KEM_MAX_KERNEL_BYTES): 32 MiB at worst
-def _used_sizes(text: str, entry: str) -> tuple[tuple[str, str | None], ...]:
+def _used_sizes(text: str, entry: str) -> tuple[tuple[str, str | None], ...] | None:
     """(name, size text) of the workgroup variables entry uses: all of
-    them where kem cannot tell which it uses. Cached: a kernel's text is
-    read once per entry point, not once per constants set."""
+    them where kem cannot tell which it uses; None where the kernel has a
+    declaration kem did not read (naga also takes var<(workgroup)> and
+    var<workgroup,>: 64 KiB ran uncounted, red team 9). Cached: a kernel's
+    text is read once per entry point, not once per constants set."""
     sizes = workgroup_bytes(text)
+    try:
+        declared = workgroup_templates(token_values(text))
+    except KemError:
+        return None
+    if declared != len(sizes):
+        return None
     used = used_names(text, entry) if sizes else None
     return tuple((name, size) for name, size in sizes if used is None or name in used)

@@ -96,6 +96,22 @@ def _declarations(code: str) -> dict[str, dict[str, str]]:
     return found
 
 
+def workgroup_templates(values: list[str]) -> int:
+    """How many ``var`` templates of the lexed values name the workgroup
+    address space in any form naga reads: ``var<workgroup>``, and also
+    ``var<(workgroup)>`` and ``var<workgroup,>``, which it accepts too
+    (red team 9: the first was neither counted nor cleared). Callers
+    compare this with the declarations they read and refuse a difference."""
+    count, n = 0, len(values)
+    for i in range(n - 1):
+        if values[i] == "var" and values[i + 1] == "<":
+            j = i + 2
+            while j < n and values[j] == "(":  # each run of '(' follows one var: linear
+                j += 1
+            count += j < n and values[j] == "workgroup"
+    return count
+
+
 def _replace_consts(text: str, consts: dict[str, str], budget: list[int]) -> str:
     """text with each const's name replaced by its initializer, within the budget."""
     for _ in range(MAX_ALIAS_STEPS):
