@@ -205,3 +205,19 @@ def test_a_hidden_template_over_the_limit_is_refused_without_the_clearing(tmp_pa
         with pytest.raises(PortError) as err:  # before: 65,536 bytes ran
             port.call("execute", b"big", data.tobytes(), {})
         assert err.value.reason == "bad_kernel" and "a var<workgroup> declaration kem cannot read" in err.value.detail, err.value
+
+
+# 4. A road that built a pipeline without the count: the named road's
+# compile (kem check's), which said ok (and built the pipeline) for 256 KiB
+# that run refuses.
+def test_kem_check_holds_the_named_road_to_the_device_limit(tmp_path):
+    import json
+    from cli_helpers import kem
+    for name, text, ok in (("big", local_const(16384), False), ("within", local_const(4096), True)):
+        path = tmp_path / f"{name}.wgsl"
+        path.write_text(text)
+        report = json.loads(kem(tmp_path, "check", str(path), "--json").stdout)
+        assert report["ok"] is ok and report["named"]["ok"] is ok, report  # before: named ok for 65,536 bytes
+        if not ok:
+            assert report["reason"] == "bad_kernel" and "uses 65536 bytes" in report["error"], report
+            assert [p for p in report["named"]["problems"] if p.startswith("bad_kernel: entry point main uses 65536 bytes")], report

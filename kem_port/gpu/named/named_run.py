@@ -210,6 +210,10 @@ class NamedRuns:
     def compile(self, source: KernelSource, call: NamedCall) -> None:
         """Compile the pipeline a call of this shape runs, without running it (kem check)."""
         shape = self._shape(source)
+        entry = shape.entry_points.get(call.entry_point)
+        if entry is not None:  # built here too, and kem check said ok where run refuses (red team 9)
+            check_workgroup_limits(resolve_entry(entry, shape, call.constants), self.gpu.require().limits, source.text,
+                                   shape, call.constants)
         limits = Limits(self.gpu.binding_limit, self.gpu.uniform_limit)
         bound = plan_bindings(shape, call, limits, self._used(source, call.entry_point))
         self._pipelines.get(self.gpu.require(), source, call.entry_point, _set(call), bound,
