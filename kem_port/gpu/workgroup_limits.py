@@ -9,7 +9,8 @@ workgroup memory. On an H100 (48 KiB: ``maxComputeWorkgroupStorageSize``
 the GPU for good, and every later call with it (session 8, on the lent
 GPU). So kem sums the memory itself, as WebGPU defines the limit: for each
 variable the entry point uses, its size by WGSL's layout rules
-(gpu/wgsl/wgsl_workgroup.workgroup_bytes) rounded up to 16 bytes.
+(gpu/wgsl/wgsl_workgroup_bytes.workgroup_bytes) rounded up to 16 bytes; a
+declaration it did not read (var<(workgroup)>) refuses the kernel.
 
 The sizes are read from the kernel's text as compiled: the slot form and
 the gas form (gpu/group, gpu/wgsl/wgsl_gas.py) add no workgroup variable.
