@@ -22,7 +22,9 @@ import pytest
 
 from conftest import kernels_port
 from kem_port.client import PortError
+from kem_port.errors import KemError
 from kem_port.gpu.constants import count_value
+from kem_port.gpu.workgroup_limits import check_workgroup_limits
 from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
 
@@ -220,7 +222,14 @@ def test_a_hidden_template_over_the_limit_is_refused_without_the_clearing(tmp_pa
         np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(2))
         with pytest.raises(PortError) as err:  # before: 65,536 bytes ran
             port.call("execute", b"big", data.tobytes(), {})
-        assert err.value.reason == "bad_kernel" and "a var<workgroup> declaration kem cannot read" in err.value.detail, err.value
+        # Admission refuses the form itself now (admission/limits.py: var templates written plainly) ...
+        assert err.value.reason == "kernel_rejected" and "plainly" in err.value.detail, err.value
+    # ... and the byte count, behind it, still refuses a declaration it cannot read.
+    text = hidden_big(template)
+    shape = reflect(text)
+    with pytest.raises(KemError) as err:
+        check_workgroup_limits(shape.entry_points["main"], {"max-compute-workgroup-storage-size": 32768}, text, shape, None)
+    assert err.value.reason == "bad_kernel" and "a var<workgroup> declaration kem cannot read" in err.value.detail, err.value
 
 
 # 4. A road that built a pipeline without the count: the named road's

@@ -25,6 +25,7 @@ from tree_sitter import Node
 from kem_port.errors import KemError
 from kem_port.gpu.constants import literal_elements
 from kem_port.gpu.wgsl.wgsl_calls import call_graph, expanded_sizes, reachable
+from kem_port.gpu.wgsl.wgsl_canonical import token_values
 from kem_port.gpu.wgsl.wgsl_reflect import _parser, parse_int_literal
 from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_vars
 
@@ -60,6 +61,35 @@ def check_structure(source: str) -> None:
     _check_tree(tree.root_node)
     _check_inlined(tree.root_node)
     _check_workgroup_elements(source)
+    _check_var_templates(source)
+
+
+def _check_var_templates(source: str) -> None:
+    """Every ``var<...>`` written plainly: an address space and an access
+    mode, names and one comma between them. naga also takes a parenthesised
+    argument and a trailing comma (``var<(workgroup)>``, ``var<storage,
+    read,>``); kem's token readers (the clearing, the byte count, the slot
+    form's rewrite) read the plain form, and red team 9's
+    ``var<(workgroup)>`` went uncleared. So what naga compiles and what kem
+    reads cannot differ there: anything else is refused."""
+    try:
+        values = token_values(source)
+    except KemError:
+        return  # text the lexer refuses is refused by the clearing and the store
+    n = len(values)
+    for i in range(n - 1):
+        if values[i] != "var" or values[i + 1] != "<":
+            continue
+        j, expect_name = i + 2, True
+        while j < n and values[j] != ">":
+            word = values[j][0].isalpha() or values[j][0] == "_"
+            if word != expect_name or (not word and values[j] != ","):
+                raise rejected("write var<address_space> or var<address_space, access> plainly: "
+                               f"kem does not read var<{' '.join(values[i + 2 : min(j + 1, i + 8)])} ...>")
+            j, expect_name = j + 1, not expect_name
+        if j >= n or expect_name:  # no '>', an empty template or a trailing comma
+            raise rejected("write var<address_space> or var<address_space, access> plainly (a var template without its closing '>', "
+                           "empty, or ending in a comma)")
 
 
 def _check_workgroup_elements(source: str) -> None:
