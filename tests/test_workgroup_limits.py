@@ -94,6 +94,9 @@ KERNELS = {
     "by_override": "override N: u32 = 4;\n" + HEAD + "var<workgroup> t: array<array<f32, 64>, N>;\n"
                    + BODY.replace("ROWS_LAST", "N - 1u"),
     "two_entries": TWO,
+    # An override whose default names a module const (red team 9: refused as unreadable before).
+    "const_default": "const C = 16u;\noverride N: u32 = C * 4u;\n" + HEAD + "var<workgroup> t: array<array<f32, 64>, N>;\n"
+                     + BODY.replace("ROWS_LAST", "N - 1u"),
 }
 
 
@@ -150,3 +153,12 @@ def test_each_entry_point_counts_only_the_memory_it_uses(port, rng):
     for entry, factor in (("twice", 2), ("thrice", 3)):
         out = port.call("execute", b"two_entries", data.tobytes(), {"entry_point": entry})
         np.testing.assert_array_equal(np.frombuffer(out, np.float32), data * np.float32(factor))
+
+
+def test_an_override_default_naming_a_const_is_counted(port, rng, limit):
+    data = rng.standard_normal(500).astype(np.float32)
+    want = (data * 2).tobytes()
+    assert port.call("execute", b"const_default", data.tobytes(), {}) == want  # N = 64: 16 KiB
+    assert port.call("execute", b"const_default", data.tobytes(), {"constants": {"N": 8}}) == want
+    err = refusal(lambda: port.call("execute", b"const_default", data.tobytes(), {"constants": {"N": limit // 256 + 1}}))
+    assert err.reason == "bad_args" and f"uses {(limit // 256 + 1) * 256} bytes" in err.detail, err

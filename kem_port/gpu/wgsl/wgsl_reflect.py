@@ -250,6 +250,7 @@ def reflect(source: str) -> KernelShape:
             o = _override(node)
             if o is not None:
                 overrides.append(o)
-    # Consts only where a workgroup size names one (const WG = 256u): gas counts invocations by it.
-    consts = module_consts(source) if any(e.workgroup_size is None and e.workgroup_size_text for e in entries.values()) else ()
+    # Consts where a workgroup size names one (const WG = 256u: gas counts invocations by it) or an
+    # override may (override N: u32 = C * 4u: a workgroup array's bytes are counted by it).
+    consts = module_consts(source) if overrides or any(e.workgroup_size is None and e.workgroup_size_text for e in entries.values()) else ()
     return KernelShape(entries, tuple(bindings), tuple(overrides), *(workgroup_vars(source) if overrides else ((), ())), consts)
