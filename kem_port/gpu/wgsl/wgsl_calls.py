@@ -208,6 +208,31 @@ def used_names(text: str, entry: str) -> set[str] | None:
     return names
 
 
+def names_reached(values: list[str], wanted: frozenset[str]) -> dict[str, frozenset[str]]:
+    """For every module-scope function, which of `wanted` (module-scope
+    names) it or any function it calls names, off already lexed tokens.
+    Each body is scanned once and each function's set is built once from
+    its callees' (WGSL has no recursion; a cycle, naga's to refuse, is cut):
+    used_names once per entry point lexed and walked the whole kernel each
+    time, and 3,000 entry points of a 277 KB kernel took 115 s to clear."""
+    bodies = _function_bodies(values)
+    direct = {f: frozenset(v for v in body if v in wanted) for f, body in bodies.items()}
+    callees = {f: frozenset(v for v in body if v in bodies and v != f) for f, body in bodies.items()}
+    reached: dict[str, frozenset[str]] = {}
+    visiting: set[str] = set()  # on the walk's path: a cycle reads it as empty
+    for root in bodies:
+        stack = [(root, False)]
+        while stack:
+            name, expanded = stack.pop()
+            if expanded:
+                reached[name] = direct[name].union(*(reached.get(c, frozenset()) for c in callees[name]))
+            elif name not in reached and name not in visiting:
+                visiting.add(name)
+                stack.append((name, True))
+                stack.extend((c, False) for c in callees[name])
+    return reached
+
+
 def _function_bodies(values: list[str]) -> dict[str, list[str]]:
     """Each module-scope function's tokens, from its parameters to the end
     of its body (braces in WGSL delimit blocks and struct bodies only)."""
