@@ -24,8 +24,9 @@ import re
 from functools import lru_cache
 
 from kem_port.errors import KemError, bad_args
-from kem_port.gpu.constants import count_value, known_ints, resolved
-from kem_port.gpu.wgsl.wgsl_calls import used_names
+from kem_port.gpu.constants import known_ints, resolved
+from kem_port.gpu.wgsl.wgsl_counts import count_value
+from kem_port.gpu.wgsl.wgsl_calls import names_reached
 from kem_port.gpu.wgsl.wgsl_reflect import EntryPoint, KernelShape
 from kem_port.gpu.wgsl.wgsl_canonical import token_values
 from kem_port.gpu.wgsl.wgsl_workgroup import workgroup_templates
@@ -86,19 +87,29 @@ def _check_storage(entry: str, limits, text: str, shape: KernelShape, given: tup
         raise bad_args(f"constants: {detail}") if named else KemError("bad_kernel", detail)
 
 
-@lru_cache(maxsize=32)  # texts of up to 1 MiB (KEM_MAX_KERNEL_BYTES): 32 MiB at worst
 def _used_sizes(text: str, entry: str) -> tuple[tuple[str, str | None], ...] | None:
     """(name, size text) of the workgroup variables entry uses: all of
     them where kem cannot tell which it uses; None where the kernel has a
     declaration kem did not read (naga also takes var<(workgroup)> and
-    var<workgroup,>: 64 KiB ran uncounted, red team 9). Cached: a kernel's
-    text is read once per entry point, not once per constants set."""
+    var<workgroup,>: 64 KiB ran uncounted, red team 9)."""
+    found = _kernel_sizes(text)
+    if found is None:
+        return None
+    sizes, reached = found
+    used = reached.get(entry)
+    return tuple((name, size) for name, size in sizes if used is None or name in used)
+
+
+@lru_cache(maxsize=32)  # texts of up to 1 MiB (KEM_MAX_KERNEL_BYTES): 32 MiB at worst
+def _kernel_sizes(text: str) -> tuple[tuple[tuple[str, str | None], ...], dict[str, frozenset[str]]] | None:
+    """Each workgroup variable's size text, and the variables each function
+    reaches (wgsl_calls.names_reached): read once per kernel text, whatever
+    entry point or constants set a call names."""
     sizes = workgroup_bytes(text)
     try:
-        declared = workgroup_templates(token_values(text))
+        values = token_values(text)
     except KemError:
         return None
-    if declared != len(sizes):
+    if workgroup_templates(values) != len(sizes):
         return None
-    used = used_names(text, entry) if sizes else None
-    return tuple((name, size) for name, size in sizes if used is None or name in used)
+    return sizes, names_reached(values, frozenset(name for name, _ in sizes))
