@@ -13,6 +13,9 @@ import pytest
 
 from conftest import kernels_port
 from kem_port.client import PortError
+from kem_port.errors import KemError
+from kem_port.gpu.workgroup_limits import check_workgroup_limits
+from kem_port.gpu.wgsl.wgsl_reflect import reflect
 from kem_port.gpu.constants import count_value
 from kem_port.wire import terms
 from kem_port.gpu.wgsl.wgsl_workgroup_bytes import workgroup_bytes
@@ -162,3 +165,18 @@ def test_an_override_default_naming_a_const_is_counted(port, rng, limit):
     assert port.call("execute", b"const_default", data.tobytes(), {"constants": {"N": 8}}) == want
     err = refusal(lambda: port.call("execute", b"const_default", data.tobytes(), {"constants": {"N": limit // 256 + 1}}))
     assert err.reason == "bad_args" and f"uses {(limit // 256 + 1) * 256} bytes" in err.detail, err
+
+
+def test_a_parameter_named_like_a_function_does_not_hide_memory():
+    """BEFORE (review's red team, 68263c6): f's parameter g read as a call
+    of g closed a cycle; big (64 KiB) was counted for no entry point, and
+    a device of 48 KiB would have got it (an H100's port waits for good)."""
+    text = ("@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n"
+            "var<workgroup> big: array<u32, 16384>;\n"
+            "fn f(i: u32, g: u32) -> u32 { big[i] = i + g; workgroupBarrier(); return big[16383u - i]; }\n"
+            "fn g(i: u32) -> u32 { return f(i, 1u); }\n"
+            "@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) { out[i] = g(i); }\n")
+    shape = reflect(text)
+    with pytest.raises(KemError) as err:
+        check_workgroup_limits(shape.entry_points["main"], {"max-compute-workgroup-storage-size": 49152}, text, shape, None)
+    assert err.value.reason == "bad_kernel" and "uses 65536 bytes" in err.value.detail, err.value

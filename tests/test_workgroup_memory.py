@@ -259,3 +259,25 @@ def test_many_entry_points_are_each_cleared_in_one_pass():
     print(f"\n{n} entry points, {len(text)} bytes: cleared in {took:.2f} s")
     assert cleared.count("w[_kem_i]") == n // 2 and cleared.count("v[_kem_i]") == n // 2
     assert took < 30, took  # liveness only: 115 s before
+
+
+FALSE_EDGE = HEAD + """var<workgroup> w: array<u32, 64>;
+fn total() -> u32 {
+    var sum = 0u;
+    for (var k = 0u; k < 64u; k++) { sum += w[k]; }
+    return sum;
+}
+@compute @workgroup_size(64)
+fn sum(@builtin(local_invocation_index) i: u32) { out[i] = total() + inp[0]; }
+"""
+
+
+def test_a_local_named_like_an_entry_point_does_not_cut_its_clearing():
+    """BEFORE (review's red team, 1af3e15): the local `sum` in total() read
+    as a call of the entry point sum closed a cycle naga accepts; the walk
+    cut it short and sum cleared nothing, so total() read the previous
+    caller's w back (on lavapipe, 256 of its secret words in 4 rounds of 6).
+    A function on such a cycle now clears every variable."""
+    cleared = zero_workgroup_memory(FALSE_EDGE)
+    prologue = cleared.split("fn sum(", 1)[1].split("workgroupBarrier();", 1)[0]
+    assert "w[_kem_i]" in prologue, prologue
